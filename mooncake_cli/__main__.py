@@ -1,0 +1,3 @@
+from mooncake_cli.app import main
+
+main()

@@ -1,0 +1,31 @@
+"""The `mooncake` command: a typer app whose subcommands live one per file in commands/."""
+
+from __future__ import annotations
+
+import typer
+
+from mooncake_cli.commands import config
+
+app = typer.Typer(
+    name="mooncake",
+    help="Mooncake: KVCache-centric disaggregated LLM serving (transfer engine, KVCache store, "
+    "conductor, prefill/decode workers). Exit codes: 0 ok, 1 operation failed, 2 usage error.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+config.register(app)
+
+
+def main() -> None:
+    from transfer.errors import MooncakeError
+    from mooncake_cli.output import fail_on
+
+    try:
+        app()
+    except MooncakeError as exc:  # anything a command did not render itself
+        try:
+            fail_on(exc)
+        except typer.Exit as exit_:
+            raise SystemExit(exit_.exit_code) from None

@@ -1,0 +1,57 @@
+"""Typer flags generated from the settings registry.
+
+``@settings_options("cluster", "rpc")`` appends one ``--flag`` per setting of those sections, plus
+``--config FILE``, to a command's signature. When the command runs, the flags the user gave are
+resolved with the environment, the config file and the defaults into one :class:`Config`, which
+the command receives as its ``config`` parameter. Help text and defaults come from the registry.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Optional
+
+import typer
+
+from transfer.settings import Config, SettingError, resolve, settings_in
+
+CONFIG_HELP = "YAML file of settings (keys are setting names); flags and MOONCAKE_* env vars win over it."
+
+
+def _option_for(spec) -> inspect.Parameter:
+    help_text = f"{spec.help} [default: {spec.render(spec.parse(spec.default)) or 'none'}; env {spec.env_var}]"
+    option = typer.Option(None, spec.flag, help=help_text, show_default=False,
+                          rich_help_panel=f"Settings: {spec.section}")
+    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY,
+                             default=option, annotation=Optional[str])
+
+
+def settings_options(*sections: str) -> Callable[[Callable], Callable]:
+    specs = settings_in(sections)
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        own = [p for name, p in signature.parameters.items() if name != "config"]
+        extra = [_option_for(spec) for spec in specs]
+        config_file = inspect.Parameter(
+            "config_file", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+            default=typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+        )
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            flags = {spec.name: kwargs.pop(spec.name, None) for spec in specs}
+            try:
+                config = resolve(flags, kwargs.pop("config_file", None))
+            except SettingError as exc:
+                raise typer.BadParameter(str(exc)) from None
+            return command(*args, config=config, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=[*own, *extra, config_file])
+        return wrapper
+
+    return decorate
+
+
+__all__ = ["settings_options", "Config"]

@@ -1,0 +1,45 @@
+"""How every command speaks: results to stdout (a rich table or --json), diagnostics to stderr.
+
+Exit codes are part of the scripting contract: 0 success, 1 the operation failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable, NoReturn
+
+import typer
+from rich.console import Console
+
+from transfer.errors import MooncakeError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+JSON_HELP = "Print the result as JSON (stable schema) instead of a table."
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
+    """Print ``data`` as JSON, or hand it to ``render`` which returns something rich can print."""
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        stdout.print(render(data))
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    stderr.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def fail_on(exc: MooncakeError) -> NoReturn:
+    fail(f"{exc.message} ({exc.name}, code {exc.code})")
+
+
+def show_progress() -> bool:
+    """Progress bars only on a terminal: scripts and pipes stay quiet."""
+    return stderr.is_terminal

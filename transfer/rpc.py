@@ -1,0 +1,391 @@
+"""Control-plane RPC that every daemon speaks: ZeroMQ ROUTER on the daemon, DEALER on clients.
+
+Wire protocol (one ZeroMQ multipart message each way; ROUTER adds/strips the peer identity):
+
+    request:  [header, bulk_0, bulk_1, ...]
+              header = msgpack {"id": int, "op": str, "args": map, "timeout_ms": int (optional)}
+    reply:    [header, bulk_0, ...]
+              header = msgpack {"id": int, "ok": true, "result": any}
+                     | msgpack {"id": int|nil, "ok": false,
+                                "error": {"code": int, "name": str, "message": str}}
+
+Bulk bytes travel as extra frames, never inside msgpack. Many requests may be in flight on one
+socket; replies carry the request id and may come back in any order. Every malformed, oversized
+or unknown request gets an error reply (id nil when the id itself could not be read) and the
+server keeps serving. ``timeout_ms`` lets the server skip work whose caller has already given up.
+
+Handlers run on the server's I/O thread unless registered ``blocking=True``; blocking handlers
+run on a thread pool and hand their reply back through a queue and a wake-up pipe, because a
+ZeroMQ socket must only ever be touched by the thread that polls it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import msgpack
+import zmq
+
+from transfer.errors import (
+    HandlerFailed,
+    MalformedMessage,
+    MessageTooLarge,
+    MooncakeError,
+    RpcError,
+    RpcTimeout,
+    ShuttingDown,
+    UnknownOperation,
+    error_from_wire,
+)
+
+log = logging.getLogger(__name__)
+
+Buffer = Any  # bytes, bytearray, memoryview, numpy array: anything with the buffer protocol
+
+
+@dataclass
+class Request:
+    op: str
+    args: dict
+    frames: list[memoryview]
+    deadline: float  # time.monotonic() after which the caller no longer waits
+    peer: bytes = b""
+
+
+@dataclass
+class Reply:
+    """A handler's answer with bulk frames; also what :meth:`RpcClient.call_frames` returns."""
+
+    result: Any = None
+    frames: Sequence[Buffer] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Any]
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _error_header(request_id: Any, error: MooncakeError) -> bytes:
+    return _pack({"id": request_id, "ok": False, "error": error.to_wire()})
+
+
+class RpcServer:
+    """A ROUTER socket serving registered operations on a background I/O thread."""
+
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:*",
+        *,
+        max_message_size: int = 64 * 2**20,
+        handler_threads: int = 8,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self._context = context or zmq.Context.instance()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        # A peer that disconnects while we reply must not make send() raise or block.
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.bind(bind)
+        self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.max_message_size = max_message_size
+        self._handlers: dict[str, tuple[Handler, bool]] = {}
+        self._pool = ThreadPoolExecutor(handler_threads, thread_name_prefix="rpc-handler")
+        self._done: queue.SimpleQueue[list] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._accepting = True
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.num_served = 0
+
+    def register(self, op: str, handler: Handler, *, blocking: bool = False) -> None:
+        self._handlers[op] = (handler, blocking)
+
+    def start(self) -> "RpcServer":
+        self._thread = threading.Thread(target=self._loop, name="rpc-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, drain_timeout: float = 3.0) -> None:
+        """Refuse new requests, let in-flight blocking handlers finish up to the deadline, close."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_timeout
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping.set()
+        os.write(self._wake_write, b"x")
+        if self._thread:
+            self._thread.join(timeout=max(1.0, drain_timeout))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._socket.close(linger=0)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    # -- I/O thread -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        while not self._stopping.is_set():
+            events = dict(poller.poll(500))
+            if self._wake_read in events:
+                self._send_finished_replies()
+            if self._socket in events:
+                # Drain what is queued so a burst costs one poll, but stay fair to finished replies.
+                for _ in range(256):
+                    if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        break
+                    self._handle(_recv_message(self._socket))
+        self._send_finished_replies()
+
+    def _send_finished_replies(self) -> None:
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                self._socket.send_multipart(self._done.get_nowait(), copy=False)
+            except queue.Empty:
+                return
+
+    def _handle(self, message: list) -> None:
+        peer = message[0]
+        reply = self._dispatch(peer, message[1:])
+        if reply is not None:
+            self._socket.send_multipart([peer, *reply], copy=False)
+
+    def _dispatch(self, peer: bytes, frames: list) -> list | None:
+        """Parse and route one request. Returns reply frames now, or None if a pool thread will."""
+        request_id = None
+        try:
+            if not frames:
+                raise MalformedMessage("empty message: expected a msgpack header frame")
+            size = len(frames[0]) + sum(len(f.buffer) for f in frames[1:])
+            if size > self.max_message_size:
+                request_id = _peek_id(frames[0])
+                raise MessageTooLarge(
+                    f"message of {size} bytes exceeds the limit of {self.max_message_size} bytes"
+                )
+            header = _parse_header(frames[0])
+            request_id = header["id"]
+            if not self._accepting:
+                raise ShuttingDown("daemon is shutting down")
+            entry = self._handlers.get(header["op"])
+            if entry is None:
+                raise UnknownOperation(f"unknown operation {header['op']!r}")
+            timeout_ms = header.get("timeout_ms")
+            timeout = timeout_ms / 1000.0 if isinstance(timeout_ms, (int, float)) else 3600.0
+            request = Request(
+                op=header["op"],
+                args=header["args"],
+                frames=[f.buffer for f in frames[1:]],
+                deadline=time.monotonic() + timeout,
+                peer=peer,
+            )
+        except MooncakeError as exc:
+            return [_error_header(request_id, exc)]
+        handler, blocking = entry
+        if not blocking:
+            return self._run(handler, request_id, request)
+        with self._in_flight_lock:
+            self._in_flight += 1
+        self._pool.submit(self._run_in_pool, handler, request_id, request)
+        return None
+
+    def _run_in_pool(self, handler: Handler, request_id: int, request: Request) -> None:
+        try:
+            if time.monotonic() > request.deadline:
+                reply = [_error_header(request_id, RpcTimeout("deadline passed before the handler ran"))]
+            else:
+                reply = self._run(handler, request_id, request)
+            self._done.put([request.peer, *reply])
+            os.write(self._wake_write, b"x")
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+
+    def _run(self, handler: Handler, request_id: int, request: Request) -> list:
+        try:
+            outcome = handler(request)
+        except MooncakeError as exc:
+            return [_error_header(request_id, exc)]
+        except Exception as exc:  # a bug in a handler must not take the daemon down
+            log.exception("handler for %r failed", request.op)
+            return [_error_header(request_id, HandlerFailed(f"{type(exc).__name__}: {exc}"))]
+        self.num_served += 1
+        if isinstance(outcome, Reply):
+            return [_pack({"id": request_id, "ok": True, "result": outcome.result}), *outcome.frames]
+        return [_pack({"id": request_id, "ok": True, "result": outcome})]
+
+
+def _recv_message(sock: zmq.Socket) -> list:
+    """One multipart message: leading small frames as bytes, bulk frames without a copy.
+
+    Copying the small routing and header frames is cheaper than wrapping them in zmq.Frame;
+    everything after the header stays a zero-copy Frame.
+    """
+    parts = [sock.recv(zmq.NOBLOCK)]
+    if sock.socket_type == zmq.ROUTER and sock.getsockopt(zmq.RCVMORE):
+        parts.append(sock.recv())
+    while sock.getsockopt(zmq.RCVMORE):
+        parts.append(sock.recv(copy=False))
+    return parts
+
+
+def _peek_id(header_bytes: bytes) -> Any:
+    try:
+        header = msgpack.unpackb(header_bytes, raw=False)
+        return header.get("id") if isinstance(header, dict) else None
+    except Exception:
+        return None
+
+
+def _parse_header(header_bytes: bytes) -> dict:
+    try:
+        header = msgpack.unpackb(header_bytes, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise MalformedMessage("header must be a msgpack map")
+    missing = [k for k in ("id", "op") if k not in header]
+    if missing:
+        raise MalformedMessage("header lacks " + ", ".join(missing))
+    if not isinstance(header["id"], int) or not isinstance(header["op"], str):
+        raise MalformedMessage("header 'id' must be an integer and 'op' a string")
+    header.setdefault("args", {})
+    if not isinstance(header["args"], dict):
+        raise MalformedMessage("header 'args' must be a map")
+    return header
+
+
+class PendingCall:
+    """A request in flight; :meth:`wait` returns its Reply or raises its typed error."""
+
+    def __init__(self, client: "RpcClient", request_id: int, op: str, deadline: float) -> None:
+        self.client, self.id, self.op, self.deadline = client, request_id, op, deadline
+
+    def wait(self) -> Reply:
+        return self.client._wait(self)
+
+
+class RpcClient:
+    """A DEALER socket to one daemon. Thread-safe; many calls may be in flight at once."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 5.0,
+        max_message_size: int | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.max_message_size = max_message_size
+        self._context = context or zmq.Context.instance()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._waiting: set[int] = set()
+        self._arrived: dict[int, Reply | MooncakeError] = {}
+        self._socket = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        return sock
+
+    def close(self) -> None:
+        with self._lock:
+            self._socket.close(linger=0)
+
+    def __enter__(self) -> "RpcClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def call(self, op: str, args: dict | None = None, frames: Sequence[Buffer] = (),
+             timeout: float | None = None) -> Any:
+        return self.submit(op, args, frames, timeout).wait().result
+
+    def call_frames(self, op: str, args: dict | None = None, frames: Sequence[Buffer] = (),
+                    timeout: float | None = None) -> Reply:
+        return self.submit(op, args, frames, timeout).wait()
+
+    def submit(self, op: str, args: dict | None = None, frames: Sequence[Buffer] = (),
+               timeout: float | None = None) -> PendingCall:
+        timeout = self.timeout if timeout is None else timeout
+        request_id = next(self._ids)
+        header = _pack({"id": request_id, "op": op, "args": args or {},
+                        "timeout_ms": int(timeout * 1000)})
+        if self.max_message_size is not None:
+            size = len(header) + sum(memoryview(f).nbytes for f in frames)
+            if size > self.max_message_size:
+                raise MessageTooLarge(
+                    f"{op}: message of {size} bytes exceeds the limit of {self.max_message_size} bytes")
+        with self._lock:
+            try:
+                self._socket.send_multipart([header, *frames], flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                raise RpcError(f"{op}: send queue to {self.address} is full (daemon unreachable)") from None
+            self._waiting.add(request_id)
+        return PendingCall(self, request_id, op, time.monotonic() + timeout)
+
+    def _wait(self, call: PendingCall) -> Reply:
+        while True:
+            with self._lock:
+                if call.id in self._arrived:
+                    self._waiting.discard(call.id)
+                    outcome = self._arrived.pop(call.id)
+                    break
+                remaining = call.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._give_up(call.id)
+                    raise RpcTimeout(f"{call.op}: no reply from {self.address} within the deadline")
+                # Poll in short slices so other threads sharing this client get the socket too.
+                if self._socket.poll(min(remaining, 0.02) * 1000, zmq.POLLIN):
+                    self._receive_ready()
+        if isinstance(outcome, MooncakeError):
+            raise outcome
+        return outcome
+
+    def _receive_ready(self) -> None:
+        while self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = _recv_message(self._socket)
+            try:
+                header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+                request_id = header["id"]
+            except Exception:
+                log.warning("dropping unreadable reply from %s", self.address)
+                continue
+            if request_id not in self._waiting:
+                continue  # a late reply to a call that already timed out
+            if header.get("ok"):
+                self._arrived[request_id] = Reply(header.get("result"), [f.buffer for f in frames[1:]])
+            else:
+                self._arrived[request_id] = error_from_wire(header.get("error"))
+
+    def _give_up(self, request_id: int) -> None:
+        self._waiting.discard(request_id)
+        if not self._waiting:
+            # Nothing else is in flight: start a fresh socket so requests queued for a dead peer
+            # are not delivered later, when it comes back, as stale work.
+            self._socket.close(linger=0)
+            self._socket = self._connect()
+            self._arrived.clear()

@@ -1,0 +1,292 @@
+"""The one settings registry.
+
+Every tunable of every room is declared here once (name, kind, default, help). The same
+declaration drives the CLI flags (``--lease-ttl``), the YAML config file (``lease_ttl: 10s``),
+the environment (``MOONCAKE_LEASE_TTL``) and the man pages, so a default can never differ
+between them. Precedence, highest first: flag, environment, file, default.
+
+The registry lives in ``transfer/`` because that is the lowest room every daemon imports;
+``topology/`` below it takes plain arguments and never reads settings itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from transfer.errors import SettingError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+SIZE_ACCEPTS = "a byte count such as 4096, 64KiB, 512MB or 1GiB"
+DURATION_ACCEPTS = "a duration such as 500ms, 10s, 30m or 2h (a bare number is seconds)"
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``4096``, ``64KiB``, ``512MB``, ``1GiB``. Raises ValueError otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(text)
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(text)
+        return text
+    match = _NUMBER_WITH_UNIT.match(str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(text)
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if value != int(value):
+        raise ValueError(text)
+    return int(value)
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds from ``500ms``, ``10s``, ``30m``, ``2h`` or a bare number of seconds."""
+    if isinstance(text, bool):
+        raise ValueError(text)
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(text)
+        return float(text)
+    match = _NUMBER_WITH_UNIT.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or (unit and unit not in _DURATION_UNITS):
+        raise ValueError(text)
+    return float(match.group(1)) * (_DURATION_UNITS[unit] if unit else 1.0)
+
+
+def format_size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale and num_bytes % scale == 0:
+            return f"{num_bytes // scale}{unit}"
+    return str(num_bytes)
+
+
+def format_duration(seconds: float) -> str:
+    for unit, scale in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= scale and round(seconds / scale, 6).is_integer():
+            return f"{int(round(seconds / scale))}{unit}"
+    return f"{seconds}s"
+
+
+def _parse_bool(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # str | int | float | bool | size | duration | choice | path
+    default: Any
+    help: str
+    section: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+    @property
+    def env_var(self) -> str:
+        return "MOONCAKE_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def accepts(self) -> str:
+        if self.kind == "size":
+            return SIZE_ACCEPTS
+        if self.kind == "duration":
+            return DURATION_ACCEPTS
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind in ("int", "float"):
+            bound = f" >= {self.minimum:g}" if self.minimum is not None else ""
+            return f"a number{bound}" if self.kind == "float" else f"an integer{bound}"
+        return "a string"
+
+    def parse(self, raw: Any) -> Any:
+        """Turn a flag, env, or YAML value into the typed value, or raise SettingError."""
+        try:
+            value = self._convert(raw)
+        except (ValueError, TypeError):
+            raise SettingError(self.name, raw, self.accepts) from None
+        if self.minimum is not None and value < self.minimum:
+            raise SettingError(self.name, raw, self.accepts)
+        return value
+
+    def _convert(self, raw: Any) -> Any:
+        if self.kind == "size":
+            return parse_size(raw)
+        if self.kind == "duration":
+            return parse_duration(raw)
+        if self.kind == "bool":
+            return _parse_bool(raw)
+        if self.kind == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            return int(raw)
+        if self.kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if self.kind == "choice":
+            if str(raw) not in self.choices:
+                raise ValueError(raw)
+            return str(raw)
+        if self.kind == "path":
+            return str(Path(str(raw)).expanduser()) if str(raw) else ""
+        return str(raw)
+
+    def render(self, value: Any) -> str:
+        """The value as a user would type it (used by `config show` and the man pages)."""
+        if self.kind == "size":
+            return format_size(value)
+        if self.kind == "duration":
+            return format_duration(value)
+        if self.kind == "bool":
+            return "true" if value else "false"
+        return str(value)
+
+
+def _s(section: str, name: str, kind: str, default: Any, help: str, **extra: Any) -> Setting:
+    return Setting(name=name, kind=kind, default=default, help=help, section=section, **extra)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # cluster: where the cluster lives and how `up` behaves
+    _s("cluster", "workdir", "path", "~/.mooncake",
+       "Directory holding cluster.json, pidfiles, logs and sockets of one cluster."),
+    _s("cluster", "bind_host", "str", "127.0.0.1",
+       "Address daemons bind their control sockets to (loopback by default)."),
+    _s("cluster", "start_timeout", "duration", 20.0,
+       "How long `up` waits for every daemon to answer a health check."),
+    _s("cluster", "stop_grace", "duration", 5.0,
+       "How long `down` waits after SIGTERM before it sends SIGKILL."),
+    _s("cluster", "drain_timeout", "duration", 3.0,
+       "How long a daemon finishes in-flight requests after SIGTERM."),
+    # rpc: the control plane every daemon speaks
+    _s("rpc", "rpc_timeout", "duration", 5.0,
+       "Default deadline of one control-plane request."),
+    _s("rpc", "rpc_max_message_size", "size", 64 * 2**20,
+       "Largest control-plane message (header plus bulk frames) a daemon accepts.",
+       minimum=1024),
+    _s("rpc", "rpc_handler_threads", "int", 8,
+       "Threads a daemon uses for requests that may block.", minimum=1),
+    # topology
+    _s("topology", "topology", "path", "",
+       "Topology matrix file to load instead of discovering the local one."),
+    _s("topology", "sysfs_root", "path", "/sys",
+       "Root of the sysfs tree topology discovery reads."),
+    _s("topology", "include_virtual", "bool", False,
+       "List virtual network interfaces (veth, bridges) as usable NICs."),
+)
+
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS))
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    return _BY_NAME[name]
+
+
+def settings_in(sections: Iterable[str]) -> list[Setting]:
+    wanted = set(sections)
+    return [s for s in SETTINGS if s.section in wanted]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Effective settings: the typed value of each and the source it came from."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    config_file: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def replace(self, **overrides: Any) -> "Config":
+        values, sources = dict(self.values), dict(self.sources)
+        for name, raw in overrides.items():
+            values[name] = _BY_NAME[name].parse(raw)
+            sources[name] = "flag"
+        return Config(values, sources, self.config_file)
+
+    def as_plain(self) -> dict[str, str]:
+        """Values rendered as strings a config file would hold (round-trips through resolve)."""
+        return {name: _BY_NAME[name].render(value) for name, value in self.values.items()}
+
+
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config file: a flat map of setting names (snake or dashed) to values."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SettingError("config", str(path), f"a readable YAML file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingError("config", str(path), f"valid YAML ({exc.__class__.__name__})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingError("config", str(path), "a YAML mapping of setting names to values")
+    result = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in _BY_NAME:
+            raise SettingError(str(key), value, f"a known setting name (in {path})")
+        result[name] = value
+    return result
+
+
+def resolve(
+    flags: Mapping[str, Any] | None = None,
+    config_file: str | os.PathLike | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Effective settings from flags > environment > config file > defaults.
+
+    ``flags`` holds only the flags the user actually gave (None values are ignored).
+    """
+    environ = os.environ if environ is None else environ
+    file_values = load_config_file(config_file) if config_file else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for spec in SETTINGS:
+        flag_value = (flags or {}).get(spec.name)
+        if flag_value is not None:
+            values[spec.name], sources[spec.name] = spec.parse(flag_value), "flag"
+        elif spec.env_var in environ:
+            values[spec.name], sources[spec.name] = spec.parse(environ[spec.env_var]), "env"
+        elif spec.name in file_values:
+            values[spec.name], sources[spec.name] = spec.parse(file_values[spec.name]), "file"
+        else:
+            values[spec.name], sources[spec.name] = spec.parse(spec.default), "default"
+    return Config(values, sources, str(config_file) if config_file else None)
