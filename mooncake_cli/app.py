@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import config
+from mooncake_cli.commands import bench, cluster, config
 
 app = typer.Typer(
     name="mooncake",
@@ -15,7 +15,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+cluster.register(app)
 config.register(app)
+app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:

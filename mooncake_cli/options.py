@@ -20,7 +20,7 @@ CONFIG_HELP = "YAML file of settings (keys are setting names); flags and MOONCAK
 
 
 def _option_for(spec) -> inspect.Parameter:
-    help_text = f"{spec.help} [default: {spec.render(spec.parse(spec.default)) or 'none'}; env {spec.env_var}]"
+    help_text = f"{spec.help} [default: {spec.default_text or 'none'}; env {spec.env_var}]"
     option = typer.Option(None, spec.flag, help=help_text, show_default=False,
                           rich_help_panel=f"Settings: {spec.section}")
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY,

@@ -240,7 +240,7 @@ def _recv_message(sock: zmq.Socket) -> list:
     everything after the header stays a zero-copy Frame.
     """
     parts = [sock.recv(zmq.NOBLOCK)]
-    if sock.socket_type == zmq.ROUTER and sock.getsockopt(zmq.RCVMORE):
+    if sock.type == zmq.ROUTER and sock.getsockopt(zmq.RCVMORE):
         parts.append(sock.recv())
     while sock.getsockopt(zmq.RCVMORE):
         parts.append(sock.recv(copy=False))

@@ -124,6 +124,13 @@ class Setting:
             return f"a number{bound}" if self.kind == "float" else f"an integer{bound}"
         return "a string"
 
+    @property
+    def default_text(self) -> str:
+        """The default as documented: paths keep their '~' so docs do not depend on $HOME."""
+        if self.kind == "path":
+            return str(self.default)
+        return self.render(self.parse(self.default))
+
     def parse(self, raw: Any) -> Any:
         """Turn a flag, env, or YAML value into the typed value, or raise SettingError."""
         try:

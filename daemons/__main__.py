@@ -1,0 +1,38 @@
+"""Entry point of one daemon process: ``python -m daemons ROLE --name N --workdir W --cluster-id C``.
+
+The supervisor (`mooncake up`) starts each daemon this way, with stdout and stderr going to the
+daemon's log file. Settings come from ``<workdir>/settings.yaml``, which `up` wrote after
+resolving flags, environment and config file, so every daemon sees the same values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from daemons.paths import ClusterPaths
+from daemons.roles import DAEMON_CLASSES
+from transfer.settings import resolve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m daemons")
+    parser.add_argument("role", choices=sorted(DAEMON_CLASSES))
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--cluster-id", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    paths = ClusterPaths.of(args.workdir)
+    settings_file = paths.settings_file if paths.settings_file.exists() else None
+    config = resolve({"workdir": str(paths.workdir)}, settings_file)
+    daemon = DAEMON_CLASSES[args.role](args.name, paths, config, args.cluster_id)
+    return daemon.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The loop every daemon shares: serve RPC, tick, and stop cleanly on SIGTERM.
+
+A daemon subclass registers its operations in :meth:`Daemon.setup`, may do periodic work in
+:meth:`Daemon.tick`, and releases what it owns in :meth:`Daemon.teardown`. The signal handler
+only sets an event (gunicorn's rule: handlers enqueue, the loop acts); the main thread then
+drains in-flight requests up to ``drain_timeout`` and exits.
+
+Every daemon answers ``health`` (cheap liveness), ``status`` (role, pid, uptime, counters) and
+``echo`` (returns its arguments and frames; the RPC benchmark uses it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, ClassVar
+
+from daemons.paths import ClusterPaths, write_json_atomic
+from transfer.rpc import Reply, Request, RpcServer
+from transfer.settings import Config
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    role: ClassVar[str] = "daemon"
+    tick_interval: ClassVar[float] = 0.5
+
+    def __init__(self, name: str, paths: ClusterPaths, config: Config, cluster_id: str) -> None:
+        self.name = name
+        self.paths = paths
+        self.config = config
+        self.cluster_id = cluster_id
+        self.started_at = time.time()
+        self.stop_requested = threading.Event()
+        self.server = RpcServer(
+            f"tcp://{config.bind_host}:*",
+            max_message_size=config.rpc_max_message_size,
+            handler_threads=config.rpc_handler_threads,
+        )
+
+    # -- what subclasses fill in ------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Register operations on ``self.server``; acquire resources."""
+
+    def tick(self, now: float) -> None:
+        """Periodic work on the main thread (liveness checks, heartbeats)."""
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup` acquired."""
+
+    def describe(self) -> dict[str, Any]:
+        """Role-specific facts for ``status`` and the announce file."""
+        return {}
+
+    # -- the shared loop --------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.server.register("health", self._health)
+        self.server.register("status", self._status)
+        self.server.register("echo", lambda request: Reply(request.args, request.frames))
+        try:
+            self.setup()
+            self.server.start()
+            write_json_atomic(self.paths.announce_file(self.name), {
+                "name": self.name, "role": self.role, "pid": os.getpid(),
+                "address": self.server.address, "started_at": self.started_at,
+                **self.describe(),
+            })
+            log.info("%s %s serving on %s", self.role, self.name, self.server.address)
+            while not self.stop_requested.wait(self.tick_interval):
+                self.tick(time.monotonic())
+        except Exception as exc:
+            log.exception("%s %s failed", self.role, self.name)
+            self._record_exit(f"crashed: {type(exc).__name__}: {exc}")
+            self._shutdown()
+            return 1
+        log.info("%s %s stopping: draining in-flight requests", self.role, self.name)
+        self._shutdown()
+        self._record_exit("stopped by SIGTERM")
+        return 0
+
+    def _shutdown(self) -> None:
+        self.server.stop(self.config.drain_timeout)
+        self.teardown()
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested.set()
+
+    def _record_exit(self, reason: str) -> None:
+        write_json_atomic(self.paths.exit_file(self.name), {"reason": reason, "at": time.time()})
+
+    def _health(self, request: Request) -> dict[str, Any]:
+        return {"ok": True, "name": self.name, "role": self.role}
+
+    def _status(self, request: Request) -> dict[str, Any]:
+        return {
+            "name": self.name, "role": self.role, "pid": os.getpid(),
+            "address": self.server.address, "uptime_s": time.time() - self.started_at,
+            "num_served": self.server.num_served, **self.describe(),
+        }

@@ -1,0 +1,21 @@
+"""Errors of the daemons room (codes -1000..-1099)."""
+
+from __future__ import annotations
+
+from transfer.errors import MooncakeError
+
+
+class ClusterAlreadyRunning(MooncakeError):
+    code, name = -1000, "CLUSTER_ALREADY_RUNNING"
+
+
+class ClusterNotRunning(MooncakeError):
+    code, name = -1001, "CLUSTER_NOT_RUNNING"
+
+
+class DaemonStartFailed(MooncakeError):
+    code, name = -1002, "DAEMON_START_FAILED"
+
+    def __init__(self, daemon: str, reason: str = "", log_tail: str = "") -> None:
+        self.daemon, self.reason, self.log_tail = daemon, reason, log_tail
+        super().__init__(f"daemon '{daemon}' failed to start: {reason}")

@@ -1,0 +1,92 @@
+"""`mooncake up`, `mooncake status`, `mooncake down`: the life cycle of a single-host cluster."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.table import Table
+
+from daemons import supervisor
+from daemons.errors import ClusterNotRunning, DaemonStartFailed
+from daemons.paths import ClusterPaths
+from mooncake_cli.options import Config, settings_options
+from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, stderr
+from transfer.errors import MooncakeError
+
+
+def _daemon_table(daemons: list[dict], title: str) -> Table:
+    table = Table("name", "role", "pid", "address", "uptime", "health", title=title)
+    for d in daemons:
+        if d.get("healthy", True):
+            health = "[green]healthy[/green]"
+        elif d.get("alive"):
+            health = "[yellow]not answering[/yellow]"
+        else:
+            health = f"[red]dead[/red]: {d.get('exit_reason')}"
+        uptime = d.get("uptime_s")
+        table.add_row(d["name"], d["role"], str(d.get("pid") or "-"), d.get("address") or "-",
+                      f"{uptime:.1f}s" if uptime is not None else "-", health)
+    return table
+
+
+@settings_options("cluster", "rpc", "topology")
+def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
+    """Start every daemon of a single-host cluster in the background and wait until all are healthy.
+
+    Each daemon is its own process with a pidfile under <workdir>/run and a log under
+    <workdir>/logs; bound addresses go to <workdir>/cluster.json. If a daemon fails to start,
+    the ones already started are stopped and the failing daemon's log tail is shown.
+    """
+    try:
+        cluster = supervisor.up(config)
+    except DaemonStartFailed as exc:
+        stderr.print(f"[red]error:[/red] {exc.message}\n--- last lines of its log ---\n{exc.log_tail}",
+                     highlight=False, markup=True)
+        raise typer.Exit(EXIT_FAILED)
+    except MooncakeError as exc:
+        fail_on(exc)
+    emit(cluster, json_output,
+         lambda c: _daemon_table(c["daemons"], f"cluster {c['cluster_id']} up in {c['workdir']}"))
+
+
+@settings_options("cluster", "rpc")
+def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
+    """Show each daemon's role, pid, address, uptime and health.
+
+    Exit code 0 when every daemon is healthy, 1 otherwise (a dead daemon shows as dead, with its
+    exit reason when known; no cluster at all also exits 1).
+    """
+    paths = ClusterPaths.of(config.workdir)
+    states = [s.as_dict() for s in supervisor.status(paths, rpc_timeout=min(config.rpc_timeout, 1.0))]
+    if not states:
+        fail(f"no cluster in {paths.workdir}: start one with `mooncake up`")
+    data = {"workdir": str(paths.workdir), "healthy": all(s["healthy"] for s in states),
+            "daemons": states, "checked_at": time.time()}
+    emit(data, json_output, lambda d: _daemon_table(d["daemons"], f"cluster in {d['workdir']}"))
+    if not data["healthy"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@settings_options("cluster")
+def down(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
+    """Stop the cluster: SIGTERM, then SIGKILL after --stop-grace; remove pidfiles and shared memory.
+
+    Stopping a workdir with no cluster is not an error (exit 0; a note goes to stderr).
+    """
+    paths = ClusterPaths.of(config.workdir)
+    try:
+        outcome = supervisor.down(paths, config.stop_grace)
+    except ClusterNotRunning as exc:
+        stderr.print(f"note: {exc.message}", highlight=False)
+        outcome = {"stopped": [], "killed": [], "shared_memory_removed": []}
+    if json_output:
+        emit(outcome, True, str)
+    elif outcome["killed"]:
+        stderr.print(f"killed after the grace period: {', '.join(outcome['killed'])}", highlight=False)
+
+
+def register(root: typer.Typer) -> None:
+    root.command("up")(up)
+    root.command("status")(status)
+    root.command("down")(down)

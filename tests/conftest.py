@@ -1,0 +1,40 @@
+"""Shared test helpers: run the real `mooncake` command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Mooncake:
+    """Runs `python -m mooncake_cli ...` against one workdir, like an ops script would."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+        self.env["MOONCAKE_WORKDIR"] = str(workdir)
+
+    def __call__(self, *args: str, timeout: float = 60, env: dict | None = None,
+                 input: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mooncake_cli", *args], cwd=REPO,
+                              env={**self.env, **(env or {})}, capture_output=True,
+                              timeout=timeout, input=input)
+
+    def json(self, *args: str, **kwargs) -> dict:
+        result = self(*args, "--json", **kwargs)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def mooncake(tmp_path):
+    runner = Mooncake(tmp_path / "cluster")
+    yield runner
+    runner("down", timeout=60)

@@ -1,0 +1,103 @@
+"""`mooncake up/status/down` with real daemon processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+SHM = Path("/dev/shm")
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def pids_of(status: dict) -> list[int]:
+    return [d["pid"] for d in status["daemons"]]
+
+
+def test_up_status_down_leaves_nothing_behind(mooncake):
+    cluster = mooncake.json("up")
+    assert [d["role"] for d in cluster["daemons"]] == ["master"]
+    written = json.loads((mooncake.workdir / "cluster.json").read_text())
+    assert written["daemons"][0]["address"] == cluster["daemons"][0]["address"]
+    assert written["daemons"][0]["address"].startswith("tcp://127.0.0.1:")
+
+    status = mooncake.json("status")
+    assert status["healthy"] is True
+    assert all(d["alive"] and d["healthy"] and d["uptime_s"] >= 0 for d in status["daemons"])
+    pids = pids_of(status)
+    assert all(psutil.pid_exists(pid) for pid in pids)
+
+    result = mooncake("down")
+    assert result.returncode == 0, result.stderr.decode()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids)
+    assert list((mooncake.workdir / "run").iterdir()) == []
+    assert not (mooncake.workdir / "cluster.json").exists()
+    assert not list(SHM.glob(f"mooncake-{cluster['cluster_id']}-*"))
+    after = mooncake("status")
+    assert after.returncode == 1 and b"no cluster" in after.stderr
+
+
+def test_killed_daemon_shows_dead_and_status_fails(mooncake):
+    cluster = mooncake.json("up")
+    master_pid = cluster["daemons"][0]["pid"]
+    os.kill(master_pid, signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(master_pid)
+               or psutil.Process(master_pid).status() == psutil.STATUS_ZOMBIE)
+    result = mooncake("status", "--json")
+    assert result.returncode == 1
+    master = json.loads(result.stdout)["daemons"][0]
+    assert master["alive"] is False and master["healthy"] is False
+    assert "killed by a signal" in master["exit_reason"]
+
+
+def test_sigterm_drains_and_records_why_it_stopped(mooncake):
+    cluster = mooncake.json("up")
+    os.kill(cluster["daemons"][0]["pid"], signal.SIGTERM)
+    wait_until(lambda: mooncake("status").returncode == 1)
+    master = json.loads(mooncake("status", "--json").stdout)["daemons"][0]
+    assert master["exit_reason"] == "stopped by SIGTERM"
+
+
+def test_second_up_refuses_and_keeps_the_running_cluster(mooncake):
+    first = mooncake.json("up")
+    second = mooncake("up")
+    assert second.returncode == 1
+    assert b"already running" in second.stderr
+    status = mooncake.json("status")
+    assert pids_of(status) == [d["pid"] for d in first["daemons"]]
+
+
+def test_up_after_a_crash_cleans_stale_records_and_starts_fresh(mooncake):
+    crashed = mooncake.json("up")
+    os.kill(crashed["daemons"][0]["pid"], signal.SIGKILL)
+    wait_until(lambda: mooncake("status").returncode == 1)
+    fresh = mooncake.json("up")
+    assert fresh["cluster_id"] != crashed["cluster_id"]
+    assert mooncake.json("status")["healthy"] is True
+
+
+def test_failed_start_names_the_daemon_shows_its_log_and_stops_the_rest(mooncake):
+    # 192.0.2.1 (TEST-NET-1) is not an address of this host: binding fails, no packet is sent.
+    result = mooncake("up", "--bind-host", "192.0.2.1", "--start-timeout", "10s")
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert "daemon 'master' failed to start" in stderr
+    assert "last lines of its log" in stderr and "ZMQError" in stderr
+    assert list((mooncake.workdir / "run").iterdir()) == []
+
+
+def test_down_without_cluster_is_not_an_error(mooncake):
+    result = mooncake("down")
+    assert result.returncode == 0
+    assert b"no cluster" in result.stderr

@@ -1,0 +1,39 @@
+"""A real RPC server process for the RPC tests: ``python rpc_server_proc.py [BIND] [MAX_SIZE]``.
+
+Prints its bound address on stdout, then serves until killed.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from transfer.errors import SegmentNotFound  # noqa: E402
+from transfer.rpc import Reply, RpcServer  # noqa: E402
+
+
+def crash(request):
+    raise ValueError("boom")
+
+
+def typed_failure(request):
+    raise SegmentNotFound(f"no segment {request.args['name']!r}")
+
+
+def main() -> None:
+    bind = sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:*"
+    max_size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
+    server = RpcServer(bind, max_message_size=max_size, handler_threads=4)
+    server.register("echo", lambda r: Reply(r.args, r.frames))
+    server.register("sleep", lambda r: time.sleep(r.args["seconds"]) or r.args["tag"], blocking=True)
+    server.register("crash", crash)
+    server.register("typed_failure", typed_failure)
+    server.start()
+    print(server.address, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
