@@ -1,0 +1,147 @@
+"""A range allocator over one segment's address range [base, base + size).
+
+Best fit with coalescing: the free ranges are kept twice, sorted by address (to find and merge
+neighbours when a range is freed) and sorted by (length, address) (to find the smallest range that
+fits in O(log n)). Taking the smallest fitting range, lowest address first on ties, keeps large
+ranges whole for large objects, which is what a KVCache pool of mixed block sizes needs, and makes
+every placement deterministic.
+
+Every length is rounded up to ``alignment`` and every range starts at ``base`` plus a multiple of
+it, so addresses stay aligned relative to ``base`` (segments are page-aligned mappings in practice).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+
+from store.errors import InvalidParams, NoAvailableHandle
+
+
+class RangeAllocator:
+    def __init__(self, base: int, size: int, alignment: int = 64) -> None:
+        for name, value in (("base", base), ("size", size), ("alignment", alignment)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidParams(f"{name} must be an integer, got {value!r}")
+        if base < 0 or size <= 0:
+            raise InvalidParams(f"a segment needs base >= 0 and size > 0, got base={base} size={size}")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise InvalidParams(f"alignment must be a power of two, got {alignment}")
+        self.base, self.size, self.alignment = base, size, alignment
+        # A tail shorter than one alignment unit could never hold an aligned block: it is not managed.
+        usable = size - size % alignment
+        self._free_starts: list[int] = [base] if usable else []
+        self._free_len: dict[int, int] = {base: usable} if usable else {}
+        self._free_by_len: list[tuple[int, int]] = [(usable, base)] if usable else []
+        self._used: dict[int, int] = {}
+        self.capacity = usable
+        self.num_used_bytes = 0
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def num_free_bytes(self) -> int:
+        return self.capacity - self.num_used_bytes
+
+    @property
+    def num_allocations(self) -> int:
+        return len(self._used)
+
+    @property
+    def num_free_ranges(self) -> int:
+        return len(self._free_starts)
+
+    @property
+    def largest_free_range(self) -> int:
+        return self._free_by_len[-1][0] if self._free_by_len else 0
+
+    def block_size(self, size: int) -> int:
+        """Bytes an allocation of ``size`` really takes (rounded up to the alignment)."""
+        return -(-size // self.alignment) * self.alignment
+
+    def can_allocate(self, size: int) -> bool:
+        return size > 0 and self.block_size(size) <= self.largest_free_range
+
+    def allocated_size(self, address: int) -> int:
+        return self._used[address]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def allocate(self, size: int) -> int:
+        """Address of a new range of at least ``size`` bytes; NoAvailableHandle if none fits."""
+        if size <= 0:
+            raise InvalidParams(f"allocation size must be > 0, got {size}")
+        length = self.block_size(size)
+        index = bisect_left(self._free_by_len, (length, -1))
+        if index == len(self._free_by_len):
+            raise NoAvailableHandle(f"no free range of {length} bytes (largest is {self.largest_free_range})")
+        found_len, start = self._free_by_len[index]
+        self._take_free(start)
+        if found_len > length:
+            self._put_free(start + length, found_len - length)
+        self._mark_used(start, length)
+        return start
+
+    def reserve(self, address: int, size: int) -> None:
+        """Claim exactly [address, address + size): how a restarted master re-learns a live range."""
+        length = self.block_size(size) if size > 0 else 0
+        if length == 0 or (address - self.base) % self.alignment:
+            raise InvalidParams(f"cannot reserve {size} bytes at unaligned or empty {address:#x}")
+        index = bisect_right(self._free_starts, address) - 1
+        start = self._free_starts[index] if index >= 0 else None
+        if start is None or address + length > start + self._free_len[start]:
+            raise InvalidParams(f"range [{address:#x}, +{length}) is not free in this segment")
+        end = start + self._free_len[start]
+        self._take_free(start)
+        if address > start:
+            self._put_free(start, address - start)
+        if end > address + length:
+            self._put_free(address + length, end - address - length)
+        self._mark_used(address, length)
+
+    def free(self, address: int) -> None:
+        """Return a range to the free set, merging it with free neighbours on either side."""
+        length = self._used.pop(address, None)
+        if length is None:
+            raise InvalidParams(f"address {address:#x} is not the start of an allocated range")
+        self.num_used_bytes -= length
+        start, end = address, address + length
+        index = bisect_left(self._free_starts, address)
+        if index < len(self._free_starts) and self._free_starts[index] == end:
+            end += self._free_len[end]
+            self._take_free(address + length)
+        if index > 0:
+            before = self._free_starts[index - 1]
+            if before + self._free_len[before] == start:
+                start = before
+                self._take_free(before)
+        self._put_free(start, end - start)
+
+    # -- invariant ---------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless the free and used ranges tile the segment exactly."""
+        assert self._free_starts == sorted(self._free_len), "free starts out of sync"
+        assert self._free_by_len == sorted((n, s) for s, n in self._free_len.items()), "by-length out of sync"
+        ranges = sorted([(s, n, "free") for s, n in self._free_len.items()]
+                        + [(s, n, "used") for s, n in self._used.items()])
+        cursor = self.base
+        previous_kind = None
+        for start, length, kind in ranges:
+            assert start == cursor, f"gap or overlap at {start:#x} (expected {cursor:#x})"
+            assert length > 0 and length % self.alignment == 0, f"bad length {length} at {start:#x}"
+            assert not (kind == previous_kind == "free"), f"free neighbours not merged at {start:#x}"
+            cursor, previous_kind = start + length, kind
+        assert cursor == self.base + self.capacity, "ranges do not cover the segment"
+        assert self.num_used_bytes == sum(self._used.values()), "used byte count drifted"
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _take_free(self, start: int) -> None:
+        length = self._free_len.pop(start)
+        del self._free_starts[bisect_left(self._free_starts, start)]
+        del self._free_by_len[bisect_left(self._free_by_len, (length, start))]
+
+    def _put_free(self, start: int, length: int) -> None:
+        self._free_len[start] = length
+        insort(self._free_starts, start)
+        insort(self._free_by_len, (length, start))
+
+    def _mark_used(self, start: int, length: int) -> None:
+        self._used[start] = length
+        self.num_used_bytes += length
