@@ -96,6 +96,12 @@ class TransferFailed(MooncakeError):
     code, name = -800, "TRANSFER_FAILED"
 
 
+class TransferTimeout(TransferFailed):
+    """A transfer request's deadline passed before all of its bytes moved."""
+
+    code, name = -801, "TRANSFER_TIMEOUT"
+
+
 class RpcError(MooncakeError):
     code, name = -900, "RPC_FAILED"
 

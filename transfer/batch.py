@@ -1,0 +1,118 @@
+"""Batches, requests and slices: the state of transfers in flight.
+
+A :class:`Task` is one submitted request; it is cut into :class:`Slice` s that transports move
+independently (possibly on different paths). A slice that fails may be retried; the task ends
+COMPLETED when every slice landed, FAILED when a slice ran out of retries, TIMEOUT when its
+deadline passed first. Status is computed when asked, so a dead peer cannot leave a request
+PENDING past its deadline even if no thread ever reports on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+class OpCode(enum.IntEnum):
+    READ = 0
+    WRITE = 1
+
+
+class Status(enum.IntEnum):
+    WAITING = 0
+    PENDING = 1
+    INVALID = 2
+    CANCELED = 3
+    COMPLETED = 4
+    TIMEOUT = 5
+    FAILED = 6
+
+
+@dataclass(frozen=True)
+class TransferRequest:
+    """READ copies target -> source; WRITE copies source -> target.
+
+    ``source`` is a local address inside registered memory (see ``memory.address_of``);
+    ``target_offset`` is an address inside one of the target segment's buffers.
+    """
+
+    opcode: OpCode
+    source: int
+    target_id: int
+    target_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class TransferStatus:
+    status: Status
+    transferred_bytes: int
+    error: str = ""
+
+
+class Task:
+    def __init__(self, request: TransferRequest, deadline: float) -> None:
+        self.request = request
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._remaining = 0
+        self._transferred = 0
+        self._failed: str | None = None
+
+    def expect(self, num_slices: int) -> None:
+        self._remaining = num_slices
+
+    def slice_done(self, length: int) -> None:
+        with self._lock:
+            self._remaining -= 1
+            self._transferred += length
+
+    def fail(self, reason: str) -> None:
+        with self._lock:
+            if self._failed is None:
+                self._failed = reason
+
+    @property
+    def finished(self) -> bool:
+        return self._failed is not None or self._remaining == 0
+
+    def status(self, now: float | None = None) -> TransferStatus:
+        with self._lock:
+            if self._failed is not None:
+                return TransferStatus(Status.FAILED, self._transferred, self._failed)
+            if self._remaining == 0:
+                return TransferStatus(Status.COMPLETED, self._transferred)
+            if (time.monotonic() if now is None else now) > self.deadline:
+                return TransferStatus(Status.TIMEOUT, self._transferred, "deadline passed")
+            return TransferStatus(Status.PENDING, self._transferred)
+
+
+class Slice:
+    """One contiguous piece of a task, moved as a unit by one transport on one path."""
+
+    __slots__ = ("task", "index", "local", "location", "remote_address", "length", "attempt",
+                 "peer", "transport")
+
+    def __init__(self, task: Task, index: int, local: memoryview, location: str,
+                 remote_address: int, peer: Any, transport: Any) -> None:
+        self.task, self.index, self.local, self.location = task, index, local, location
+        self.remote_address, self.length = remote_address, len(local)
+        self.attempt = 0
+        self.peer = peer  # the target's SegmentDescriptor
+        self.transport = transport
+
+    @property
+    def opcode(self) -> OpCode:
+        return self.task.request.opcode
+
+
+class Batch:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.tasks: list[Task] = []
+
+    def pending(self, now: float | None = None) -> bool:
+        return any(t.status(now).status == Status.PENDING for t in self.tasks)

@@ -1,0 +1,180 @@
+"""Batch transfers (Mooncake's BatchTransfer model) and the retry policy for failed slices.
+
+A whole submission is validated before anything moves: a bad address, length, segment or an
+over-capacity batch raises its typed error and no byte is written. Accepted requests are cut
+into slices and handed to the transport chosen per (request, peer buffer): shared memory when
+the peer is on this host and its buffer is in a named region, else TCP. A failed slice goes back
+to its transport on the next path until ``retry_count`` runs out or the request's deadline
+passes; failures that another path cannot fix (a stale peer, a refused range) end it at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, TransferStatus
+from transfer.descriptor import BufferDesc, SegmentDescriptor
+from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, TooManyRequests,
+                             TransferFailed, TransferTimeout)
+from transfer.slicing import cut
+from transfer.transport import Transport
+
+_SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
+
+
+class BatchMixin:
+    def __init__(self) -> None:
+        self._batches: dict[int, Batch] = {}
+        self._batch_ids = itertools.count(1)
+        self._batch_lock = threading.Lock()
+        self._progress = threading.Condition()
+
+    def allocate_batch_id(self, capacity: int) -> int:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise InvalidArgument(f"batch capacity must be a positive integer, not {capacity!r}")
+        with self._batch_lock:
+            batch_id = next(self._batch_ids)
+            self._batches[batch_id] = Batch(capacity)
+        return batch_id
+
+    def free_batch_id(self, batch_id: int) -> None:
+        """Refused (BATCH_BUSY) while any request of the batch is still pending."""
+        with self._batch_lock:
+            batch = self._batch(batch_id)
+            if batch.pending():
+                raise BatchBusy(f"batch {batch_id} still has pending requests")
+            del self._batches[batch_id]
+
+    def submit_transfer(self, batch_id: int, requests: list[TransferRequest]) -> None:
+        planned = [self._plan(r) for r in requests]  # raises before anything is queued
+        deadline = time.monotonic() + self.options.transfer_timeout
+        with self._batch_lock:
+            batch = self._batch(batch_id)
+            if len(batch.tasks) + len(requests) > batch.capacity:
+                raise TooManyRequests(f"batch {batch_id} holds {batch.capacity} requests; "
+                                      f"{len(batch.tasks)} used, {len(requests)} more submitted")
+            tasks = [Task(r, deadline) for r in requests]
+            batch.tasks.extend(tasks)
+        by_transport: dict[Transport, list[Slice]] = {}
+        for task, (location, peer, transport) in zip(tasks, planned):
+            pieces = self._slices(task, location, peer, transport)
+            task.expect(len(pieces))
+            by_transport.setdefault(transport, []).extend(pieces)
+        for transport, pieces in by_transport.items():
+            transport.submit(pieces)
+
+    def _plan(self, request: TransferRequest) -> tuple[str, SegmentDescriptor, Transport]:
+        if not isinstance(request, TransferRequest):
+            raise InvalidArgument(f"expected a TransferRequest, got {type(request).__name__}")
+        if request.opcode not in (OpCode.READ, OpCode.WRITE):
+            raise InvalidArgument(f"unknown opcode {request.opcode!r}")
+        if not isinstance(request.length, int) or request.length <= 0:
+            raise InvalidArgument(f"length must be a positive integer, not {request.length!r}")
+        local = self.check_address(request.source, request.length)
+        peer = self.segments.get(request.target_id)
+        remote = peer.find_buffer(request.target_offset, request.length)
+        return local.location, peer, self._transport_for(peer, remote)
+
+    def _transport_for(self, peer: SegmentDescriptor, buffer: BufferDesc) -> Transport:
+        for transport in self.transports:  # ordered fastest first
+            if transport.reaches(peer, buffer):
+                return transport
+        raise DeviceNotFound(f"no {self.options.protocol} transport reaches segment {peer.name!r}")
+
+    def _slices(self, task: Task, location: str, peer: SegmentDescriptor,
+                transport: Transport) -> list[Slice]:
+        request = task.request
+        local = self.memory.view(request.source, request.length)
+        return [Slice(task, index, local[offset:offset + length], location,
+                      request.target_offset + offset, peer, transport)
+                for index, (offset, length) in enumerate(
+                    cut(request.length, self.options.slice_size, self.options.slice_threshold))]
+
+    def get_transfer_status(self, batch_id: int, index: int) -> TransferStatus:
+        with self._batch_lock:
+            tasks = self._batch(batch_id).tasks
+            if not 0 <= index < len(tasks):
+                raise InvalidArgument(f"batch {batch_id} has no request {index}")
+            return tasks[index].status()
+
+    def get_batch_transfer_status(self, batch_id: int) -> TransferStatus:
+        """The worst status among the batch's requests, with the bytes moved by all of them."""
+        with self._batch_lock:
+            tasks = list(self._batch(batch_id).tasks)
+        now = time.monotonic()
+        statuses = [t.status(now) for t in tasks]
+        worst = min((s.status for s in statuses), key=_SEVERITY.index, default=Status.COMPLETED)
+        errors = [s.error for s in statuses if s.error]
+        return TransferStatus(worst, sum(s.transferred_bytes for s in statuses),
+                              errors[0] if errors else "")
+
+    def wait_batch(self, batch_id: int, timeout: float | None = None) -> TransferStatus:
+        """Block until no request of the batch is pending (each has a deadline, so this ends)."""
+        limit = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.get_batch_transfer_status(batch_id)
+            if status.status != Status.PENDING:
+                return status
+            if limit is not None and time.monotonic() >= limit:
+                return status
+            with self._progress:
+                self._progress.wait(0.05)
+
+    def transfer_sync(self, requests: list[TransferRequest]) -> int:
+        """Submit, wait, free; raises TransferFailed / TransferTimeout. Returns bytes moved."""
+        batch_id = self.allocate_batch_id(max(1, len(requests)))
+        try:
+            self.submit_transfer(batch_id, requests)
+            status = self.wait_batch(batch_id)
+        finally:
+            with self._batch_lock:
+                self._batches.pop(batch_id, None)  # nothing pending left, or never submitted
+        if status.status == Status.TIMEOUT:
+            raise TransferTimeout(status.error or "transfer deadline passed")
+        if status.status != Status.COMPLETED:
+            raise TransferFailed(status.error or "transfer failed")
+        return status.transferred_bytes
+
+    def write(self, segment: int | str, source: int, target_offset: int, length: int) -> int:
+        """Blocking WRITE of local [source, +length) to the segment's address target_offset."""
+        return self.transfer_sync([TransferRequest(OpCode.WRITE, source, self._handle(segment),
+                                                   target_offset, length)])
+
+    def read(self, segment: int | str, source: int, target_offset: int, length: int) -> int:
+        """Blocking READ of the segment's [target_offset, +length) into local memory at source."""
+        return self.transfer_sync([TransferRequest(OpCode.READ, source, self._handle(segment),
+                                                   target_offset, length)])
+
+    def _handle(self, segment: int | str) -> int:
+        return segment if isinstance(segment, int) else self.open_segment(segment)
+
+    def _batch(self, batch_id: int) -> Batch:
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            raise InvalidArgument(f"batch {batch_id} is not allocated")
+        return batch
+
+    # -- SliceSink: what transports report ---------------------------------------------------------
+
+    def done(self, piece: Slice) -> None:
+        piece.task.slice_done(piece.length)
+        if piece.task.finished:
+            with self._progress:
+                self._progress.notify_all()
+
+    def failed(self, piece: Slice, reason: str, path: str | None, fatal: bool = False) -> None:
+        now = time.monotonic()
+        if path is not None:
+            self.paths.mark_failed(path, now)
+        task = piece.task
+        if fatal:
+            self.segments.invalidate(piece.peer.name, piece.peer.incarnation)
+        if fatal or piece.attempt >= self.options.retry_count or now > task.deadline or task.finished:
+            task.fail(f"{reason} (after {piece.attempt + 1} attempt(s))")
+            with self._progress:
+                self._progress.notify_all()
+            return
+        piece.attempt += 1
+        piece.transport.submit([piece])

@@ -1,0 +1,205 @@
+"""The Transfer Engine facade: registered memory, segments, and the transports behind them.
+
+Batches, submission and status live in :class:`transfer.batches.BatchMixin`; this file owns the
+engine's resources. Each engine has one RAM segment, named ``host:rpc_port`` under P2P handshake
+(the name *is* how peers reach it) or any name when a master serves metadata. Everything the
+engine opens (RPC server, listeners, connections, shared-memory regions, threads) is released by
+:meth:`close`; shared-memory regions left by engines that died are removed at start-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+
+from transfer.batches import BatchMixin
+from transfer.descriptor import SegmentDescriptor, local_host_id
+from transfer.engine_options import EngineOptions
+from transfer.errors import AddressNotRegistered, DeviceNotFound
+from transfer.memory import MemoryRegistry, RegisteredBuffer, as_byte_view
+from transfer.metadata_client import EXCHANGE_OP, P2P, LocalMetadata, MasterMetadata, MetadataBackend, P2PMetadata
+from transfer.metadata_table import MetadataTable
+from transfer.paths import PathSet
+from transfer.rpc import Request, RpcServer
+from transfer.segments import SegmentCache
+from transfer.shm import SharedRegion, remove_orphans
+from transfer.shm_transport import ShmTransport
+from transfer.tcp_transport import TcpTransport
+from transfer.transport import Transport
+
+
+class TransferEngine(BatchMixin):
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        metadata: str | MetadataTable | MetadataBackend = P2P,
+        options: EngineOptions | None = None,
+        host: str = "127.0.0.1",
+        listen: list[tuple[str, str]] | None = None,
+        topology: dict | None = None,
+    ) -> None:
+        """``metadata``: "P2PHANDSHAKE", a master's RPC address ("tcp://h:p"), a MetadataTable
+        in this process, or any backend object. ``listen``: (NIC, address) pairs the TCP
+        transport serves on (default: ``host`` as NIC "lo"). ``topology``: the matrix
+        ``{location: [[preferred NICs], [secondary NICs]]}`` (default: every listen NIC)."""
+        self.options = options or EngineOptions()
+        if self.options.protocol == "rdma":
+            raise DeviceNotFound("no RDMA device on this host (the rdma transport is not installed)")
+        remove_orphans()
+        self.incarnation = uuid.uuid4().hex
+        self.host_id = local_host_id()
+        self.memory = MemoryRegistry()
+        self._owned: dict[int, SharedRegion] = {}
+        self._region_ids = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        listen = listen or [("lo" if host.startswith("127.") else "nic0", host)]
+        self.topology = topology or {"*": [[nic for nic, _ in listen], []]}
+        self.paths = PathSet(self.topology, self.options.path_cooldown)
+        self._rpc = RpcServer(f"tcp://{host}:*")
+        self.rpc_address = self._rpc.address
+        self.name = name or self.rpc_address.rsplit("/", 1)[-1]
+        self._metadata = self._backend(metadata)
+        self.segments = SegmentCache(self._metadata, self._forget_peer)
+        super().__init__()
+        self.transports: list[Transport] = []
+        if self.options.protocol in ("auto", "shm"):
+            self.transports.append(ShmTransport(self.host_id, self, self.options.shm_copy_threads))
+        if self.options.protocol in ("auto", "tcp"):
+            self.transports.append(TcpTransport(
+                self.memory, lambda: (self.name, self.incarnation), self, self.paths,
+                {nic: address for nic, address in listen}, listen,
+                streams_per_path=self.options.streams_per_path,
+                pool_size=self.options.endpoint_pool_size,
+                handshake_timeout=self.options.handshake_timeout,
+                slice_timeout=self.options.slice_timeout))
+        self._rpc.register(EXCHANGE_OP, self._exchange)
+        self._rpc.start()
+        self.version = self._metadata.publish(self.descriptor())
+
+    def _backend(self, metadata: Any) -> MetadataBackend:
+        if isinstance(metadata, MetadataTable):
+            return LocalMetadata(metadata)
+        if metadata == P2P:
+            return P2PMetadata(self.descriptor, timeout=self.options.handshake_timeout)
+        if isinstance(metadata, str):
+            return MasterMetadata(metadata, timeout=self.options.handshake_timeout)
+        return metadata
+
+    def __enter__(self) -> "TransferEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            owned = list(self._owned.values())
+            self._owned.clear()
+        try:
+            self._metadata.withdraw(self.descriptor())
+        except Exception:  # the master may already be gone; our regions still must be freed
+            pass
+        for transport in self.transports:
+            transport.close()
+        self._rpc.stop(drain_timeout=0.5)
+        self._metadata.close()
+        for region in owned:
+            region.close()
+
+    # -- memory -----------------------------------------------------------------------------------
+
+    def register_local_memory(self, buffer: Any, location: str = "cpu:0", *,
+                              remote_accessible: bool = True, update_metadata: bool = True) -> int:
+        """Make ``buffer`` usable in transfers; returns its address. Overlaps are refused."""
+        view, address = as_byte_view(buffer)
+        self.memory.add(RegisteredBuffer(address, view.nbytes, location, view,
+                                         remote_accessible=remote_accessible))
+        if update_metadata:
+            self._publish()
+        return address
+
+    def unregister_local_memory(self, buffer_or_address: Any, *, update_metadata: bool = True) -> None:
+        address = (buffer_or_address if isinstance(buffer_or_address, int)
+                   else as_byte_view(buffer_or_address)[1])
+        self.memory.remove(address)
+        with self._lock:
+            region = self._owned.pop(address, None)
+        if region is not None:
+            region.close()
+        if update_metadata:
+            self._publish()
+
+    def allocate_shared_buffer(self, length: int, location: str = "cpu:0") -> np.ndarray:
+        """Registered memory in a named shared-memory region, so same-host peers copy directly.
+        Freed by ``unregister_local_memory`` or ``close``."""
+        region = SharedRegion(SharedRegion.owned_name(self.incarnation[:12], next(self._region_ids)),
+                              length, create=True)
+        view, address = as_byte_view(region.view)
+        try:
+            self.memory.add(RegisteredBuffer(address, length, location, view, shm_name=region.name))
+        except Exception:
+            region.close()
+            raise
+        with self._lock:
+            self._owned[address] = region
+        self._publish()
+        return np.frombuffer(region.view, dtype=np.uint8)
+
+    def buffer_at(self, address: int, length: int) -> memoryview:
+        """A view of registered local memory (AddressNotRegistered outside it)."""
+        return self.memory.view(address, length)
+
+    # -- segments ---------------------------------------------------------------------------------
+
+    def descriptor(self) -> SegmentDescriptor:
+        tcp = [t for t in getattr(self, "transports", []) if t.name == "tcp"]
+        return SegmentDescriptor(
+            name=self.name, incarnation=self.incarnation, host_id=self.host_id,
+            rpc_address=self.rpc_address,
+            endpoints=tcp[0].endpoints() if tcp else [],
+            buffers=[b.describe() for b in self.memory.all() if b.remote_accessible],
+            priority_matrix=self.topology, version=getattr(self, "version", 0))
+
+    def open_segment(self, name: str) -> int:
+        return self.segments.open(name)
+
+    def close_segment(self, handle: int) -> None:
+        self.segments.close(handle)
+
+    def segment_descriptor(self, handle_or_name: int | str) -> SegmentDescriptor:
+        if isinstance(handle_or_name, int):
+            return self.segments.get(handle_or_name)
+        return self.segments.descriptor_of(handle_or_name)
+
+    def sync_segment_cache(self, name: str | None = None) -> None:
+        self.segments.sync(name)
+
+    def _publish(self) -> None:
+        self.version = self._metadata.publish(self.descriptor())
+
+    def _exchange(self, request: Request) -> dict:
+        """P2P handshake: learn the caller's descriptor, answer with ours."""
+        peer = request.args.get("descriptor")
+        if peer:
+            self.segments.learn(SegmentDescriptor.from_wire(peer))
+        return self.descriptor().to_wire()
+
+    def _forget_peer(self, name: str) -> None:
+        for transport in self.transports:
+            transport.forget_peer(name)
+
+    def check_address(self, address: int, length: int) -> RegisteredBuffer:
+        try:
+            return self.memory.find(address, length)
+        except AddressNotRegistered:
+            raise AddressNotRegistered(
+                f"[{address:#x}, +{length}): memory region not registered by this engine") from None

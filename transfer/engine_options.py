@@ -1,0 +1,34 @@
+"""The engine's tunables as one plain value, filled from the settings registry or by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from transfer.settings import Config, resolve
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    protocol: str = "auto"
+    slice_size: int = 1 << 20
+    slice_threshold: int = 1 << 20
+    streams_per_path: int = 2
+    endpoint_pool_size: int = 256
+    handshake_timeout: float = 5.0
+    transfer_timeout: float = 30.0
+    slice_timeout: float = 5.0
+    retry_count: int = 9
+    path_cooldown: float = 30.0
+    shm_copy_threads: int = 2
+
+    @classmethod
+    def from_config(cls, config: Config | None = None, **overrides: Any) -> "EngineOptions":
+        """Options from resolved settings (defaults, env, file, flags), then ``overrides``."""
+        config = config or resolve()
+        values = {f.name: config[_SETTING.get(f.name, f.name)] for f in fields(cls)}
+        values.update(overrides)
+        return cls(**values)
+
+
+_SETTING = {"protocol": "transfer_protocol"}  # option name -> settings registry name

@@ -1,0 +1,77 @@
+"""The shared-memory transport: same-host peers whose buffers live in named /dev/shm regions.
+
+The initiator maps the peer's region once (cached per region name) and a slice is one numpy
+copy between the two views; numpy releases the GIL for the copy, so the copy threads run in
+parallel with each other and with the rest of the engine. A region that cannot be opened means
+the peer restarted or went away: the slice fails without retry.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from transfer.batch import OpCode, Slice
+from transfer.descriptor import BufferDesc, SegmentDescriptor
+from transfer.memory import as_array
+from transfer.shm import SharedRegion
+from transfer.transport import SliceSink, Transport
+
+
+class ShmTransport(Transport):
+    name = "shm"
+
+    def __init__(self, host_id: str, sink: SliceSink, threads: int) -> None:
+        self._host_id, self._sink = host_id, sink
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shm-copy")
+        self._lock = threading.Lock()
+        self._regions: dict[str, tuple[str, SharedRegion]] = {}  # region name -> (peer, region)
+
+    def reaches(self, peer: SegmentDescriptor, buffer: BufferDesc) -> bool:
+        return peer.host_id == self._host_id and buffer.shm_name is not None
+
+    def submit(self, pieces: list[Slice]) -> None:
+        for piece in pieces:
+            self._pool.submit(self._copy, piece)
+
+    def _copy(self, piece: Slice) -> None:
+        try:
+            buffer = piece.peer.find_buffer(piece.remote_address, piece.length)
+            region = self._attach(piece.peer.name, buffer)
+            start = piece.remote_address - buffer.address
+            remote = region.view[start:start + piece.length]
+        except (OSError, ValueError) as exc:
+            self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
+            return
+        if piece.opcode == OpCode.WRITE:
+            np.copyto(as_array(remote), as_array(piece.local))
+        else:
+            np.copyto(as_array(piece.local), as_array(remote))
+        self._sink.done(piece)
+
+    def _attach(self, peer: str, buffer: BufferDesc) -> SharedRegion:
+        name = buffer.shm_name
+        assert name is not None
+        with self._lock:
+            entry = self._regions.get(name)
+            if entry is None:
+                entry = (peer, SharedRegion(name, buffer.length, create=False))
+                self._regions[name] = entry
+            return entry[1]
+
+    def forget_peer(self, peer_name: str) -> None:
+        with self._lock:
+            names = [n for n, (peer, _) in self._regions.items() if peer == peer_name]
+            regions = [self._regions.pop(n)[1] for n in names]
+        for region in regions:
+            region.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            regions = [region for _, region in self._regions.values()]
+            self._regions.clear()
+        for region in regions:
+            region.close()
