@@ -7,7 +7,7 @@ takes plain arguments (``sysfs_root``, ``include_virtual``, a matrix file path).
 
 from topology.discovery import discover
 from topology.errors import TopologyError
-from topology.explain import placement_tree
+from topology.explain import placement_tree, summarize
 from topology.local import load_or_discover
 from topology.matrix import Matrix, build_matrix
 from topology.matrix_file import load_matrix, parse_matrix, write_matrix
@@ -15,6 +15,6 @@ from topology.model import Gpu, NetInterface, NicVerdict, NumaNode, Placement, R
 
 __all__ = [
     "discover", "build_matrix", "load_or_discover", "load_matrix", "parse_matrix", "write_matrix",
-    "placement_tree", "Matrix", "TopologyError", "Topology", "TopologyReport", "NumaNode",
+    "placement_tree", "summarize", "Matrix", "TopologyError", "Topology", "TopologyReport", "NumaNode",
     "NetInterface", "RdmaDevice", "RdmaPort", "Gpu", "NicVerdict", "Placement",
 ]

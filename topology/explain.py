@@ -87,3 +87,17 @@ def placement_tree(report: TopologyReport) -> list[dict[str, Any]]:
 
 def _entry(kind: str, name: str, pci_address: str | None, detail: str, why: dict[str, list[str]]) -> dict[str, Any]:
     return {"type": kind, "name": name, "pci_address": pci_address, "detail": detail, "why": why.get(name, [])}
+
+
+def summarize(matrix: Matrix, report: TopologyReport) -> dict[str, Any]:
+    """What `topo discover` reports about the matrix it wrote (JSON-ready)."""
+    topology = report.topology
+    return {
+        "source": report.source,
+        "matrix": matrix,
+        "numa_nodes": [node.id for node in topology.numa_nodes],
+        "gpus": [{"location": g.location, "name": g.name, "pci_address": g.pci_address} for g in topology.gpus],
+        "listed": [v.name for v in report.verdicts if v.skipped is None],
+        "skipped": {v.name: v.skipped for v in report.verdicts if v.skipped is not None},
+        "warnings": list(report.warnings),
+    }

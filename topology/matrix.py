@@ -97,7 +97,8 @@ def _for_cpu(topology: Topology, node: NumaNode, nic: _Nic) -> tuple[bool, str, 
     if nic_node == node.id:
         only = " (the only node)" if len(topology.numa_nodes) == 1 else ""
         return True, f"on NUMA node {node.id}{only}", ()
-    return False, "NUMA node unknown" if nic_node is None else f"on NUMA node {nic_node}", ()
+    where = "NUMA node unknown" if nic_node is None else f"on NUMA node {nic_node}"
+    return False, f"{where}, not {node.id}", ()
 
 
 def _gpu_judge(topology: Topology, gpu: Gpu, listed: list[_Nic]):
