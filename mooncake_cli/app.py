@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from mooncake_cli.commands import bench, cluster, config
+from mooncake_cli.commands import topo
 
 app = typer.Typer(
     name="mooncake",
@@ -17,6 +18,7 @@ app = typer.Typer(
 
 cluster.register(app)
 config.register(app)
+topo.register(app)
 app.add_typer(bench.app, name="bench")
 
 
