@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from topology.model import Gpu, NicVerdict, NumaNode, Placement, Topology
 from topology.pcie import pcie_distance
@@ -81,8 +82,12 @@ def _choose_nics(topology: Topology, include_virtual: bool) -> tuple[list[_Nic],
     return sorted(rdma or tcp, key=lambda nic: natural_key(nic.name)), skipped
 
 
-def _rank(location, listed, placements, judge) -> list[list[str]]:
-    """Split ``listed`` by ``judge(nic) -> (preferred?, reason, sort key)`` into the two lists."""
+# judge(nic) -> (preferred?, reason, sort key among its list)
+Judge = Callable[[_Nic], tuple[bool, str, tuple]]
+
+
+def _rank(location: str, listed: list[_Nic], placements: dict[str, list[Placement]], judge: Judge) -> list[list[str]]:
+    """Split ``listed`` into [preferred, secondary] by ``judge``, noting each NIC's placement."""
     preferred, secondary = [], []
     for nic in listed:
         is_preferred, reason, order = judge(nic)
@@ -101,7 +106,7 @@ def _for_cpu(topology: Topology, node: NumaNode, nic: _Nic) -> tuple[bool, str, 
     return False, f"{where}, not {node.id}", ()
 
 
-def _gpu_judge(topology: Topology, gpu: Gpu, listed: list[_Nic]):
+def _gpu_judge(topology: Topology, gpu: Gpu, listed: list[_Nic]) -> Judge:
     """NICs at the smallest PCIe distance are preferred, looking only at the GPU's NUMA node
     when NICs are known to be there (so a nearer-looking path through the other socket's root
     complex never wins); all the others are secondary, nearest first."""
