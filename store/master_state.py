@@ -1,0 +1,336 @@
+"""The master's state machine: segments, clients, objects, replicas, leases, pins, eviction.
+
+Pure: no sockets, no threads, no clock. Every method that needs time takes ``now`` (seconds, the
+daemon's monotonic clock), so a test can replay any interleaving exactly. The master daemon wraps
+one instance, serialises calls to it, and calls :meth:`MasterState.evict` and
+:meth:`MasterState.expire_clients` from its loop.
+
+Lifecycle of an object::
+
+    put_start ──► PROCESSING ──put_end──► COMPLETE ──remove / evict──► gone
+                      │                      │
+                      └──put_revoke──► gone  └──upsert_start──► PROCESSING (same ranges if same size)
+
+Errors are the typed ones of :mod:`store.errors`; batch forms return, per item, either the result
+or the error instance (never raise for one bad item).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+from store.errors import (IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle,
+                          ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady)
+from store.eviction import eviction_candidates
+from store.membership import Membership
+from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, ReplicaList,
+                           ReplicaStatus, ReplicateConfig, SegmentState)
+from store.placement import placement_order
+from store.policy import StorePolicy
+from store.stats import MasterStats
+
+DEFAULT_CONFIG = ReplicateConfig()
+
+
+class MasterState(Membership):
+    def __init__(self, policy: StorePolicy = StorePolicy(), seed: int | None = None) -> None:
+        self.policy = policy
+        self.stats = MasterStats()
+        self.segments: dict[str, SegmentState] = {}  # mount order: the round `random` walks
+        self.clients: dict[str, ClientState] = {}
+        self.objects: dict[str, ObjectMeta] = {}
+        # Complete objects, least recently used first: the eviction order.
+        self.lru: OrderedDict[str, None] = OrderedDict()
+        self._rng = random.Random(seed)
+        # Set when a put had to evict: the next evict() makes headroom even below the watermark,
+        # so the following puts do not each pay for eviction.
+        self._need_eviction = False
+
+    # == writes ===============================================================================
+    def put_start(self, client_id: str, key: str, size: int, now: float,
+                  config: ReplicateConfig = DEFAULT_CONFIG) -> list[ReplicaDescriptor]:
+        """Allocate ``config.replica_num`` replicas (PROCESSING) on distinct segments.
+
+        Best effort like Mooncake: fewer segments than replicas gives fewer replicas; none at all,
+        even after evicting everything evictable, raises NoAvailableHandle.
+        """
+        self._check_put(key, size, config)
+        self._touch(client_id, now)
+        existing = self.objects.get(key)
+        if existing is not None:
+            self._preempt_or_refuse(existing, now)
+        return self._allocate(client_id, key, size, now, config)
+
+    def upsert_start(self, client_id: str, key: str, size: int, now: float,
+                     config: ReplicateConfig = DEFAULT_CONFIG) -> list[ReplicaDescriptor]:
+        """Like put_start, but an existing complete object is overwritten: in place when the size
+        is unchanged, else its ranges are freed and new ones allocated. Finish with put_end or
+        put_revoke (which removes the object: its old bytes may be half overwritten)."""
+        self._check_put(key, size, config)
+        self._touch(client_id, now)
+        existing = self.objects.get(key)
+        if existing is None:
+            return self._allocate(client_id, key, size, now, config)
+        if not existing.complete:
+            self._preempt_or_refuse(existing, now)
+            return self._allocate(client_id, key, size, now, config)
+        if existing.leased(now):
+            raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
+        if existing.size != size:
+            self._drop(existing)
+            return self._allocate(client_id, key, size, now, config)
+        self.lru.pop(key, None)
+        obj = self._new_object(client_id, key, size, now, config, existing.replicas)
+        for replica in obj.replicas:
+            replica.status = ReplicaStatus.PROCESSING
+        self.objects[key] = obj
+        self.stats.num_put_starts += 1
+        return self._describe(obj)
+
+    def put_end(self, client_id: str, key: str, now: float, checksum: int | None = None) -> None:
+        """Mark every replica COMPLETE: from now on readers see the object. Idempotent for the
+        writer, so a retried PutEnd after a lost reply succeeds."""
+        obj = self._owned(client_id, key, now)
+        if obj.complete:
+            return
+        for replica in obj.replicas:
+            replica.status = ReplicaStatus.COMPLETE
+        obj.checksum = checksum
+        obj.last_access = now
+        if obj.soft_pin_ttl is not None:
+            obj.soft_pin_deadline = now + obj.soft_pin_ttl  # fixed from completion; reads never extend it
+        self.lru[key] = None
+        self.stats.num_put_ends += 1
+
+    def put_revoke(self, client_id: str, key: str, now: float) -> None:
+        obj = self._owned(client_id, key, now)
+        if obj.complete:
+            raise InvalidParams(f"{key!r} is complete; remove it instead of revoking")
+        self._drop(obj)
+        self.stats.num_put_revokes += 1
+
+    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
+                        config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
+        self._check_batch(keys, sizes)
+        return [_attempt(self.put_start, client_id, k, n, now, config) for k, n in zip(keys, sizes)]
+
+    def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
+                           config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
+        self._check_batch(keys, sizes)
+        return [_attempt(self.upsert_start, client_id, k, n, now, config) for k, n in zip(keys, sizes)]
+
+    def batch_put_end(self, client_id: str, keys: list[str], now: float,
+                      checksums: list[int | None] | None = None) -> list[None | MooncakeError]:
+        checksums = [None] * len(keys) if checksums is None else checksums
+        self._check_batch(keys, checksums)
+        return [_attempt(self.put_end, client_id, k, now, c) for k, c in zip(keys, checksums)]
+
+    def batch_put_revoke(self, client_id: str, keys: list[str], now: float) -> list[None | MooncakeError]:
+        return [_attempt(self.put_revoke, client_id, k, now) for k in keys]
+
+    # == reads ================================================================================
+    def get_replica_list(self, key: str, now: float) -> ReplicaList:
+        """The complete replicas of ``key``, and a read lease of ``lease_ttl`` on the object: until
+        it runs out the object is neither removed (unless forced), overwritten nor evicted."""
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFound(f"no object {key!r}")
+        if not obj.complete:
+            raise ReplicaIsNotReady(f"{key!r} is still being written")
+        obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
+        obj.last_access = now
+        self.lru.move_to_end(key)
+        self.stats.num_leases_granted += 1
+        return ReplicaList(key, obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum)
+
+    def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
+        return [_attempt(self.get_replica_list, k, now) for k in keys]
+
+    def exists(self, key: str) -> bool:
+        """True when a complete replica exists. Grants no lease and does not count as a use, so
+        probing (prefix matching) never keeps an object from being evicted."""
+        obj = self.objects.get(key)
+        return obj is not None and obj.complete
+
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        return [self.exists(k) for k in keys]
+
+    # == removal and eviction =================================================================
+    def remove(self, key: str, now: float, force: bool = False) -> None:
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFound(f"no object {key!r}")
+        if not obj.complete:
+            raise ReplicaIsNotReady(f"{key!r} is still being written; revoke it instead")
+        if obj.leased(now) and not force:
+            raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
+        self._drop(obj)
+        self.stats.num_removed += 1
+
+    def batch_remove(self, keys: list[str], now: float, force: bool = False) -> list[None | MooncakeError]:
+        return [_attempt(self.remove, k, now, force) for k in keys]
+
+    def remove_all(self, now: float, force: bool = False) -> int:
+        """Remove every complete object with no lease (every complete one when forced)."""
+        doomed = [self.objects[k] for k in self.lru if force or not self.objects[k].leased(now)]
+        for obj in doomed:
+            self._drop(obj)
+        self.stats.num_removed += len(doomed)
+        return len(doomed)
+
+    def evict(self, now: float) -> list[str]:
+        """Background eviction: when usage is above ``high_watermark`` (or a put recently had to
+        evict), evict LRU objects until usage is ``eviction_ratio`` below min(usage, watermark).
+        Returns the evicted keys in eviction order."""
+        capacity, used = self.capacity, self.used_bytes
+        if capacity == 0:
+            return []
+        watermark = self.policy.high_watermark * capacity
+        if used <= watermark and not self._need_eviction:
+            return []
+        self._need_eviction = False
+        target = min(used, watermark) - self.policy.eviction_ratio * capacity
+        victims, freed = [], 0
+        for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
+            if used - freed <= target:
+                break
+            victims.append(obj)
+            freed += sum(self._block_bytes(r) for r in obj.replicas)
+        return self._evict(victims)
+
+    # == totals ===============================================================================
+    @property
+    def capacity(self) -> int:
+        return sum(s.allocator.capacity for s in self.segments.values())
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(s.allocator.num_used_bytes for s in self.segments.values())
+
+    # == helpers ==============================================================================
+    def _check_key(self, key: str) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidParams("key must be a non-empty string")
+        if len(key.encode()) > self.policy.max_key_length:
+            raise InvalidParams(f"key is longer than {self.policy.max_key_length} bytes")
+
+    @staticmethod
+    def _check_size(size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidParams(f"size must be a positive integer, got {size!r}")
+
+    def _check_put(self, key: str, size: int, config: ReplicateConfig) -> None:
+        self._check_key(key)
+        self._check_size(size)
+        n = config.replica_num
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidParams(f"replica_num must be >= 1, got {n!r}")
+        if config.soft_pin_ttl is not None and not config.soft_pin_ttl > 0:
+            raise InvalidParams(f"soft_pin_ttl must be > 0, got {config.soft_pin_ttl!r}")
+
+    @staticmethod
+    def _check_batch(keys: list, values: list) -> None:
+        if len(keys) != len(values):
+            raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
+
+    def _owned(self, client_id: str, key: str, now: float) -> ObjectMeta:
+        self._touch(client_id, now)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFound(f"no object {key!r} (revoked, preempted or never started)")
+        if obj.owner != client_id:
+            raise IllegalClient(f"{key!r} was started by another client")
+        return obj
+
+    def _preempt_or_refuse(self, existing: ObjectMeta, now: float) -> None:
+        """A key is taken while complete, or while its put is younger than the discard timeout;
+        an older put is presumed abandoned and is revoked so the new one can proceed."""
+        age = now - existing.put_start_time
+        if existing.complete or age < self.policy.put_start_discard_timeout:
+            raise ObjectAlreadyExists(f"{existing.key!r} already exists")
+        self._drop(existing)
+        self.stats.num_preempted += 1
+
+    def _new_object(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
+                    replicas: list[Replica]) -> ObjectMeta:
+        soft_ttl = None
+        if config.soft_pin:
+            soft_ttl = min(config.soft_pin_ttl or self.policy.soft_pin_ttl, self.policy.max_soft_pin_ttl)
+        return ObjectMeta(key, size, client_id, replicas, now, hard_pinned=config.hard_pin,
+                          soft_pin_ttl=soft_ttl)
+
+    def _allocate(self, client_id: str, key: str, size: int, now: float,
+                  config: ReplicateConfig) -> list[ReplicaDescriptor]:
+        local_host = config.host
+        order = placement_order(
+            self.policy.allocation_strategy, list(self.segments.values()), config.preferred_segments,
+            lambda s: s.client_id == client_id or bool(local_host and s.spec.host == local_host),
+            self._rng)
+        replicas: list[Replica] = []
+        while True:
+            used = {r.segment_id for r in replicas}
+            for segment in order:
+                if len(replicas) == config.replica_num:
+                    break
+                if segment.segment_id not in used and segment.allocator.can_allocate(size):
+                    replicas.append(Replica(segment.segment_id, segment.allocator.allocate(size)))
+                    used.add(segment.segment_id)
+            # A full pool of evictable objects must never fail a put: evict synchronously.
+            if len(replicas) == config.replica_num or not self._evict_for(size, used, now):
+                break
+            self._need_eviction = True
+        if not replicas:
+            self.stats.num_allocation_failures += 1
+            raise NoAvailableHandle(f"no segment can hold {size} bytes for {key!r}")
+        if len(replicas) < config.replica_num:
+            self.stats.num_partial_allocations += 1
+        obj = self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
+        self.stats.num_put_starts += 1
+        return self._describe(obj)
+
+    def _evict_for(self, size: int, excluded: set[str], now: float) -> bool:
+        """Evict LRU objects holding space on segments that could take one more replica, until one
+        of them has enough free bytes. False when nothing there is evictable."""
+        eligible = {sid: s for sid, s in self.segments.items()
+                    if sid not in excluded and s.allocator.block_size(size) <= s.allocator.capacity}
+        freed = dict.fromkeys(eligible, 0)
+        victims = []
+        for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
+            hits = [r for r in obj.replicas if r.segment_id in eligible]
+            if not hits:
+                continue
+            victims.append(obj)
+            for r in hits:
+                freed[r.segment_id] += self._block_bytes(r)
+            if any(eligible[r.segment_id].allocator.num_free_bytes + freed[r.segment_id]
+                   >= eligible[r.segment_id].allocator.block_size(size) for r in hits):
+                break
+        self._evict(victims)
+        return bool(victims)
+
+    def _evict(self, victims: list[ObjectMeta]) -> list[str]:
+        for obj in victims:
+            self._drop(obj)
+        self.stats.num_evicted += len(victims)
+        return [obj.key for obj in victims]
+
+    def _drop(self, obj: ObjectMeta) -> None:
+        for replica in obj.replicas:
+            self.segments[replica.segment_id].allocator.free(replica.address)
+        del self.objects[obj.key]
+        self.lru.pop(obj.key, None)
+
+    def _block_bytes(self, replica: Replica) -> int:
+        return self.segments[replica.segment_id].allocator.allocated_size(replica.address)
+
+    def _describe(self, obj: ObjectMeta) -> list[ReplicaDescriptor]:
+        return [self.segments[r.segment_id].describe(r.address, obj.size) for r in obj.replicas]
+
+
+def _attempt(method, *args):
+    """One item of a batch: its result, or the typed error it raised."""
+    try:
+        return method(*args)
+    except MooncakeError as exc:
+        return exc

@@ -1,0 +1,160 @@
+"""The half of the master that tracks store clients and the segments they mount.
+
+Liveness: any call from a client proves it alive; :meth:`expire_clients` drops a client silent for
+``client_ttl``, unmounts its segments (their replicas go with them) and revokes its puts in flight.
+
+Restart: a master that restarts knows no client, so it answers their pings NEED_REMOUNT; each
+client calls :meth:`remount` with its segments and the complete objects they still hold, and the
+master takes those objects back, so a restart loses no object whose segment is alive.
+
+Mixed into :class:`store.master_state.MasterState`, whose state (``segments``, ``clients``,
+``objects``, ``lru``, ``stats``, ``policy``) and object helpers it uses.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from store.allocator import RangeAllocator
+from store.errors import IllegalClient, InvalidParams, SegmentAlreadyExists, SegmentNotFound
+from store.objects import (ClientState, ClientStatus, ObjectMeta, Replica, ReplicaStatus,
+                           ReportedObject, Segment, SegmentState)
+
+
+class Membership:
+    def ping(self, client_id: str, now: float) -> ClientStatus:
+        """Heartbeat. NEED_REMOUNT for a client this master has not seen mount (it restarted, or
+        dropped the client as silent): the client re-mounts and re-reports its objects."""
+        client = self._touch(client_id, now)
+        return ClientStatus.OK if client.registered else ClientStatus.NEED_REMOUNT
+
+    def mount_segment(self, client_id: str, segment: Segment, now: float) -> None:
+        client = self._touch(client_id, now)
+        if self._check_segment(client_id, segment):
+            return  # a retried mount
+        allocator = RangeAllocator(segment.base, segment.size, self.policy.alignment)
+        self.segments[segment.segment_id] = SegmentState(segment, client_id, allocator)
+        client.segment_ids.append(segment.segment_id)
+        client.registered = True
+
+    def unmount_segment(self, client_id: str, segment_id: str, now: float) -> list[str]:
+        """Unmount and forget every replica on the segment; returns the keys that lost their last
+        replica (and so no longer exist)."""
+        self._touch(client_id, now)
+        segment = self.segments.get(segment_id)
+        if segment is None:
+            raise SegmentNotFound(f"segment {segment_id!r} is not mounted")
+        if segment.client_id != client_id:
+            raise IllegalClient(f"segment {segment_id!r} belongs to another client")
+        return self._unmount(segment)
+
+    def remount(self, client_id: str, segments: Iterable[Segment], objects: Iterable[ReportedObject],
+                now: float) -> dict[str, list[str]]:
+        """Make the master's view of this client match what the client reports.
+
+        Segments it no longer reports are unmounted; reported ones are mounted (a retried mount is
+        a no-op). Each reported complete object is taken back unless the master already holds a
+        different object under that key (other size or checksum), or its range is not free: those
+        are returned as ``rejected`` and the client must forget them, which keeps a stale copy
+        from ever being served in place of a newer one.
+        """
+        segments = list(segments)
+        # Check everything first: a refused remount changes nothing.
+        kept = {s.segment_id for s in segments if self._check_segment(client_id, s, allow_replace=True)}
+        client = self._touch(client_id, now)
+        for segment_id in [sid for sid in client.segment_ids if sid not in kept]:
+            self._unmount(self.segments[segment_id])
+        for segment in segments:
+            self.mount_segment(client_id, segment, now)
+        client.registered = True
+        accepted, rejected = [], []
+        for report in objects:
+            (accepted if self._adopt(client_id, report, now) else rejected).append(report.key)
+        return {"accepted": accepted, "rejected": rejected}
+
+    def expire_clients(self, now: float) -> list[str]:
+        """Drop every client silent for ``client_ttl``: unmount its segments (their replicas go)
+        and revoke the puts it left in flight. Returns the dropped client ids."""
+        expired = [c for c in self.clients.values() if now - c.last_seen >= self.policy.client_ttl]
+        for client in expired:
+            for segment_id in list(client.segment_ids):
+                self._unmount(self.segments[segment_id])
+            for obj in [o for o in self.objects.values() if o.owner == client.client_id and not o.complete]:
+                self._drop(obj)
+                self.stats.num_put_revokes += 1
+            del self.clients[client.client_id]
+            self.stats.num_expired_clients += 1
+        return [c.client_id for c in expired]
+
+    def _touch(self, client_id: str, now: float) -> ClientState:
+        """Any call from a client proves it alive; a client first met here is not registered."""
+        if not isinstance(client_id, str) or not client_id:
+            raise InvalidParams("client_id must be a non-empty string")
+        client = self.clients.get(client_id)
+        if client is None:
+            client = self.clients[client_id] = ClientState(client_id, now)
+        client.last_seen = max(client.last_seen, now)
+        return client
+
+    def _check_segment(self, client_id: str, segment: Segment, allow_replace: bool = False) -> bool:
+        """Validate a mount; True when exactly this segment is already mounted by this client.
+        With ``allow_replace`` this client's own segment under another geometry may be replaced."""
+        if not isinstance(segment.segment_id, str) or not segment.segment_id or not segment.name:
+            raise InvalidParams("a segment needs a non-empty segment_id and name")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (segment.base, segment.size)) \
+                or segment.base < 0 or segment.size < self.policy.alignment:
+            raise InvalidParams(f"segment {segment.segment_id!r} needs base >= 0 and size >= "
+                                f"{self.policy.alignment}, got base={segment.base!r} size={segment.size!r}")
+        existing = self.segments.get(segment.segment_id)
+        if existing is None:
+            return False
+        if existing.client_id == client_id and (existing.spec == segment or allow_replace):
+            return existing.spec == segment
+        raise SegmentAlreadyExists(f"segment {segment.segment_id!r} is already mounted")
+
+    def _adopt(self, client_id: str, report: ReportedObject, now: float) -> bool:
+        """Take back one re-reported replica; False (rejected) when it cannot be trusted or placed."""
+        segment = self.segments.get(report.segment_id)
+        if segment is None or segment.client_id != client_id:
+            return False
+        try:
+            self._check_key(report.key)
+            self._check_size(report.size)
+        except InvalidParams:
+            return False
+        obj = self.objects.get(report.key)
+        if obj is not None:
+            if any(r.segment_id == report.segment_id and r.address == report.address for r in obj.replicas):
+                return obj.complete and obj.size == report.size  # the master never forgot it
+            same = obj.complete and obj.size == report.size and obj.checksum == report.checksum
+            if not same or any(r.segment_id == report.segment_id for r in obj.replicas):
+                return False
+        try:
+            segment.allocator.reserve(report.address, report.size)
+        except InvalidParams:
+            return False
+        replica = Replica(report.segment_id, report.address, ReplicaStatus.COMPLETE)
+        if obj is None:
+            obj = self.objects[report.key] = ObjectMeta(
+                report.key, report.size, client_id, [replica], now, hard_pinned=report.hard_pinned,
+                last_access=now, checksum=report.checksum)
+            self.lru[report.key] = None
+        else:
+            obj.replicas.append(replica)
+        self.stats.num_adopted += 1
+        return True
+
+    def _unmount(self, segment: SegmentState) -> list[str]:
+        lost = []
+        for obj in [o for o in self.objects.values() if any(r.segment_id == segment.segment_id for r in o.replicas)]:
+            obj.replicas = [r for r in obj.replicas if r.segment_id != segment.segment_id]
+            if not obj.replicas:
+                del self.objects[obj.key]
+                self.lru.pop(obj.key, None)
+                lost.append(obj.key)
+        del self.segments[segment.segment_id]
+        client = self.clients.get(segment.client_id)
+        if client is not None:
+            client.segment_ids.remove(segment.segment_id)
+        self.stats.num_objects_lost += len(lost)
+        return lost

@@ -1,0 +1,141 @@
+"""The master's state and the dataclasses its callers exchange with it.
+
+Requests in (``Segment``, ``ReplicateConfig``, ``ReportedObject``), answers out
+(``ReplicaDescriptor``, ``ReplicaList``), and the mutable records the master keeps
+(``SegmentState``, ``ObjectMeta``, ``ClientState``). Times are seconds on the caller's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from store.allocator import RangeAllocator
+
+
+class ReplicaStatus(str, enum.Enum):
+    # Only the two states a replica of ours can be in; Mooncake's FAILED/REMOVED replicas are
+    # simply dropped from the object here.
+    PROCESSING = "PROCESSING"
+    COMPLETE = "COMPLETE"
+
+
+class ClientStatus(str, enum.Enum):
+    OK = "OK"
+    NEED_REMOUNT = "NEED_REMOUNT"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What a store client mounts: a range of its memory that other clients read and write."""
+
+    segment_id: str
+    name: str  # the transfer-engine segment name data is moved to/from
+    base: int
+    size: int
+    endpoint: str = ""
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicateConfig:
+    replica_num: int = 1
+    soft_pin: bool = False
+    soft_pin_ttl: float | None = None  # None: the policy's default; clamped to its maximum
+    hard_pin: bool = False
+    preferred_segments: tuple[str, ...] = ()
+    host: str = ""  # the writer's host, for local_first; its own segments count as local anyway
+
+
+@dataclass(frozen=True)
+class ReportedObject:
+    """A complete object a re-mounting client still holds in one of its segments."""
+
+    key: str
+    segment_id: str
+    address: int
+    size: int
+    checksum: int | None = None
+    hard_pinned: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaDescriptor:
+    """Where one replica lives: enough for the transfer engine to read or write it."""
+
+    segment_id: str
+    segment_name: str
+    endpoint: str
+    host: str
+    address: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ReplicaList:
+    key: str
+    size: int
+    replicas: list[ReplicaDescriptor]
+    lease_ttl: float  # the reader must finish within this many seconds of asking
+    checksum: int | None
+
+
+@dataclass
+class Replica:
+    segment_id: str
+    address: int
+    status: ReplicaStatus = ReplicaStatus.PROCESSING
+
+
+@dataclass
+class ObjectMeta:
+    key: str
+    size: int
+    owner: str  # the client whose PutStart created it; only it may PutEnd or PutRevoke
+    replicas: list[Replica]
+    put_start_time: float
+    hard_pinned: bool = False
+    soft_pin_ttl: float | None = None  # requested; the deadline starts when the object completes
+    soft_pin_deadline: float | None = None
+    lease_deadline: float = 0.0
+    last_access: float = 0.0
+    checksum: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        return all(r.status is ReplicaStatus.COMPLETE for r in self.replicas)
+
+    def leased(self, now: float) -> bool:
+        return self.lease_deadline > now
+
+    def soft_pinned(self, now: float) -> bool:
+        return self.soft_pin_deadline is not None and self.soft_pin_deadline > now
+
+
+@dataclass
+class SegmentState:
+    spec: Segment
+    client_id: str
+    allocator: RangeAllocator
+
+    @property
+    def segment_id(self) -> str:
+        return self.spec.segment_id
+
+    @property
+    def free_ratio(self) -> float:
+        return self.allocator.num_free_bytes / self.allocator.capacity if self.allocator.capacity else 0.0
+
+    def describe(self, address: int, size: int) -> ReplicaDescriptor:
+        s = self.spec
+        return ReplicaDescriptor(s.segment_id, s.name, s.endpoint, s.host, address, size)
+
+
+@dataclass
+class ClientState:
+    client_id: str
+    last_seen: float
+    # False for a client the master only met through a put: it has not (re)mounted since this
+    # master started, so its pings are answered NEED_REMOUNT.
+    registered: bool = False
+    segment_ids: list[str] = field(default_factory=list)

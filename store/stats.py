@@ -1,0 +1,24 @@
+"""Counters of the master's state machine, as the CLI's `inspect` and the metrics show them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class MasterStats:
+    num_put_starts: int = 0
+    num_put_ends: int = 0
+    num_put_revokes: int = 0  # by the writer, or because the writer went silent
+    num_preempted: int = 0  # puts older than the discard timeout, taken over by a new PutStart
+    num_partial_allocations: int = 0  # puts that got fewer replicas than asked for
+    num_allocation_failures: int = 0  # NO_AVAILABLE_HANDLE answers
+    num_evicted: int = 0
+    num_removed: int = 0
+    num_leases_granted: int = 0
+    num_expired_clients: int = 0
+    num_objects_lost: int = 0  # objects whose last replica was on an unmounted segment
+    num_adopted: int = 0  # replicas taken back from re-mounting clients
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
