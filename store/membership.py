@@ -122,6 +122,8 @@ class Membership:
             self._check_size(report.size)
         except InvalidParams:
             return False
+        if isinstance(report.address, bool) or not isinstance(report.address, int):
+            return False
         obj = self.objects.get(report.key)
         if obj is not None:
             if any(r.segment_id == report.segment_id and r.address == report.address for r in obj.replicas):

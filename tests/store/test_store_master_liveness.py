@@ -105,10 +105,11 @@ def test_remount_rejects_reports_it_cannot_trust_or_place():
         ReportedObject("live", "s1", base(1) + 256, 128, checksum=5),  # another size
         ReportedObject("", "s1", base(1) + 384, 64),
         ReportedObject("odd", "s1", base(1) + 3, 64),       # unaligned
+        ReportedObject("junk", "s1", None, 64),              # malformed
         ReportedObject("live", "s1", base(1) + 448, 64, checksum=5),  # the same object: a replica
     ]
     answer = m.remount("c1", [segment(1)], reports, now=1.0)
-    assert answer == {"accepted": ["fine", "live"], "rejected": ["clash", "theirs", "live", "live", "", "odd"]}
+    assert answer == {"accepted": ["fine", "live"], "rejected": ["clash", "theirs", "live", "live", "", "odd", "junk"]}
     assert sorted(r.segment_id for r in m.objects["live"].replicas) == ["s1", "s2"]
 
 
