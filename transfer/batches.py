@@ -169,10 +169,10 @@ class BatchMixin:
         if path is not None:
             self.paths.mark_failed(path, now)
         task = piece.task
-        if fatal:
-            self.segments.invalidate(piece.peer.name, piece.peer.incarnation)
         if fatal or piece.attempt >= self.options.retry_count or now > task.deadline or task.finished:
             task.fail(f"{reason} (after {piece.attempt + 1} attempt(s))")
+            # The peer may have restarted or moved: the next use fetches its descriptor again.
+            self.segments.invalidate(piece.peer.name, piece.peer.incarnation)
             with self._progress:
                 self._progress.notify_all()
             return

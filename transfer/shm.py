@@ -35,10 +35,18 @@ class SharedRegion:
         except BaseException:
             if create:
                 os.unlink(path)
+            os.close(fd)
             raise
-        finally:
-            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
+        if create:
+            os.close(fd)  # the mapping keeps the memory
+            self._fd = -1
+        else:
+            self._fd = fd  # kept to notice when the owner unlinks the region (see unlinked)
         self.view = memoryview(self._map)
+
+    def unlinked(self) -> bool:
+        """For an attached region: whether its owner has removed it (closed or restarted)."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
 
     @staticmethod
     def owned_name(tag: str, index: int) -> str:
@@ -60,6 +68,9 @@ class SharedRegion:
         except BufferError:
             pass  # exported views remain; the mmap object unmaps when the last one is collected
         self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def remove_orphans() -> list[str]:

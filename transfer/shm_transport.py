@@ -40,6 +40,9 @@ class ShmTransport(Transport):
         try:
             buffer = piece.peer.find_buffer(piece.remote_address, piece.length)
             region = self._attach(piece.peer.name, buffer)
+            if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
+                self._detach(buffer.shm_name)
+                raise FileNotFoundError(f"region {buffer.shm_name} was removed by its owner")
             start = piece.remote_address - buffer.address
             remote = region.view[start:start + piece.length]
         except (OSError, ValueError) as exc:
@@ -60,6 +63,12 @@ class ShmTransport(Transport):
                 entry = (peer, SharedRegion(name, buffer.length, create=False))
                 self._regions[name] = entry
             return entry[1]
+
+    def _detach(self, name: str | None) -> None:
+        with self._lock:
+            entry = self._regions.pop(name, None) if name else None
+        if entry is not None:
+            entry[1].close()
 
     def forget_peer(self, peer_name: str) -> None:
         with self._lock:

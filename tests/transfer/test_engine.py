@@ -1,0 +1,137 @@
+"""Two engines in this process moving real bytes over TCP and shared memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from transfer.batch import OpCode, Status, TransferRequest
+from transfer.errors import (AddressNotRegistered, AddressOverlapped, BatchBusy, InvalidArgument,
+                             SegmentNotFound, TooManyRequests)
+from transfer.memory import address_of
+
+MiB = 1 << 20
+
+
+def _pair(make_engine, **options):
+    target, initiator = make_engine(**options), make_engine(**options)
+    remote = target.allocate_shared_buffer(8 * MiB)
+    handle = initiator.open_segment(target.name)
+    return target, initiator, remote, handle
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "shm"])
+def test_write_then_read_round_trips_multi_slice_requests(make_engine, protocol):
+    target, initiator, remote, handle = _pair(make_engine, protocol=protocol, slice_size=256 * 1024)
+    data = np.random.default_rng(1).integers(0, 256, 3 * MiB + 12345, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    assert initiator.write(handle, source, base + 100, len(data)) == len(data)
+    assert np.array_equal(remote[100:100 + len(data)], data)
+    back = np.zeros_like(data)
+    initiator.register_local_memory(back)
+    assert initiator.read(handle, address_of(back), base + 100, len(data)) == len(data)
+    assert np.array_equal(back, data)
+
+
+def test_batch_statuses_and_free(make_engine):
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    local = bytearray(b"x" * 4096)
+    source = initiator.register_local_memory(local)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    batch = initiator.allocate_batch_id(4)
+    requests = [TransferRequest(OpCode.WRITE, source + i * 1024, handle, base + i * 1024, 1024)
+                for i in range(4)]
+    initiator.submit_transfer(batch, requests)
+    status = initiator.wait_batch(batch)
+    assert status.status == Status.COMPLETED and status.transferred_bytes == 4096
+    assert initiator.get_transfer_status(batch, 3).status == Status.COMPLETED
+    assert bytes(remote[:4096]) == bytes(local)
+    with pytest.raises(TooManyRequests):
+        initiator.submit_transfer(batch, requests[:1])  # capacity 4 already used
+    initiator.free_batch_id(batch)
+    with pytest.raises(InvalidArgument):
+        initiator.get_batch_transfer_status(batch)
+
+
+def test_free_batch_is_refused_while_a_request_is_pending(make_engine):
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    data = np.ones(8 * MiB, np.uint8)
+    source = initiator.register_local_memory(data)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    batch = initiator.allocate_batch_id(1)
+    initiator.submit_transfer(batch, [TransferRequest(OpCode.WRITE, source, handle, base, len(data))])
+    if initiator.get_batch_transfer_status(batch).status == Status.PENDING:
+        with pytest.raises(BatchBusy):
+            initiator.free_batch_id(batch)
+    assert initiator.wait_batch(batch).status == Status.COMPLETED
+    initiator.free_batch_id(batch)
+
+
+def test_torch_tensor_and_bytearray_are_registrable(make_engine):
+    target, initiator, remote, handle = _pair(make_engine, protocol="auto")
+    tensor = torch.arange(1024, dtype=torch.float32)
+    source = initiator.register_local_memory(tensor)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    initiator.write(handle, source, base, tensor.numel() * 4)
+    assert np.array_equal(remote[:4096].view(np.float32), tensor.numpy())
+    with pytest.raises(AddressOverlapped):
+        initiator.register_local_memory(tensor[10:20])
+    initiator.unregister_local_memory(tensor)
+    with pytest.raises(AddressNotRegistered):
+        initiator.unregister_local_memory(source)
+    with pytest.raises(InvalidArgument):
+        initiator.register_local_memory(b"read-only bytes")
+
+
+def test_bad_input_raises_typed_errors_and_writes_nothing(make_engine):
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    local = np.full(4096, 9, np.uint8)
+    source = initiator.register_local_memory(local)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    good = TransferRequest(OpCode.WRITE, source, handle, base, 1024)
+    bad = {
+        AddressNotRegistered: TransferRequest(OpCode.WRITE, source + 4000, handle, base, 1024),
+        InvalidArgument: TransferRequest(OpCode.WRITE, source, handle, base + 8 * MiB - 10, 1024),
+        SegmentNotFound: TransferRequest(OpCode.WRITE, source, 999, base, 1024),
+    }
+    batch = initiator.allocate_batch_id(8)
+    for error, request in bad.items():
+        with pytest.raises(error):
+            initiator.submit_transfer(batch, [good, request])  # the good one must not move either
+    for length in (0, -5):
+        with pytest.raises(InvalidArgument):
+            initiator.submit_transfer(batch, [TransferRequest(OpCode.WRITE, source, handle, base, length)])
+    with pytest.raises(TooManyRequests):
+        initiator.submit_transfer(initiator.allocate_batch_id(1), [good, good])
+    with pytest.raises(SegmentNotFound):
+        initiator.open_segment("127.0.0.1:1")
+    assert initiator.get_batch_transfer_status(batch).transferred_bytes == 0
+    assert not remote.any()
+
+
+def test_striping_uses_several_streams_and_a_small_pool_evicts(make_engine):
+    target, initiator, remote, handle = _pair(
+        make_engine, protocol="tcp", slice_size=64 * 1024, streams_per_path=4, endpoint_pool_size=2)
+    data = np.random.default_rng(2).integers(0, 256, 2 * MiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    initiator.write(handle, source, base, len(data))
+    assert np.array_equal(remote[:len(data)], data)
+    tcp = next(t for t in initiator.transports if t.name == "tcp")
+    assert tcp.num_connections() == 2 and tcp.num_evicted >= 2
+
+
+def test_metadata_served_by_a_master_table(make_engine):
+    from transfer.metadata_table import MetadataTable
+
+    table = MetadataTable()
+    target = make_engine(metadata=table, protocol="shm")
+    initiator = make_engine(metadata=table, protocol="shm")
+    remote = target.allocate_shared_buffer(MiB)
+    local = np.arange(256, dtype=np.uint8)
+    initiator.write(target.name, initiator.register_local_memory(local),
+                    initiator.segment_descriptor(target.name).buffers[0].address, 256)
+    assert np.array_equal(remote[:256], local)
+    assert table.get(target.name).version == target.version

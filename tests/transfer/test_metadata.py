@@ -1,0 +1,56 @@
+"""The metadata service over real RPC, and the pure pieces: slicing and path choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
+from transfer.errors import InvalidArgument, SegmentNotFound
+from transfer.metadata_client import MasterMetadata
+from transfer.metadata_table import MetadataTable, serve_metadata
+from transfer.paths import PathSet
+from transfer.rpc import RpcServer
+from transfer.slicing import cut
+
+
+def _descriptor(name: str, incarnation: str) -> SegmentDescriptor:
+    return SegmentDescriptor(name, incarnation, "host/boot", "tcp://127.0.0.1:1",
+                             [Endpoint("lo", "127.0.0.1", 2)], [BufferDesc(4096, 100, "cpu:0", "r")])
+
+
+def test_master_serves_versioned_descriptors_and_restarts_replace_them():
+    server = RpcServer().start()
+    serve_metadata(server, MetadataTable())
+    client = MasterMetadata(server.address, timeout=2)
+    try:
+        first = client.publish(_descriptor("seg", "one"))
+        assert client.fetch("seg").incarnation == "one" and client.fetch("seg").version == first
+        second = client.publish(_descriptor("seg", "two"))  # restarted under the same name
+        assert second > first and client.fetch("seg").incarnation == "two"
+        client.withdraw(_descriptor("seg", "one"))  # a late remove from the dead process: ignored
+        assert client.fetch("seg").buffers == [BufferDesc(4096, 100, "cpu:0", "r")]
+        client.withdraw(_descriptor("seg", "two"))
+        with pytest.raises(SegmentNotFound):
+            client.fetch("seg")
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_cut_merges_a_small_tail_into_the_previous_slice():
+    assert cut(100, 64, 64) == [(0, 64), (64, 36)]  # a 36-byte tail is >= 64/4: its own slice
+    assert cut(1000, 256, 256) == [(0, 256), (256, 256), (512, 256), (768, 232)]
+    assert cut(1040, 256, 256) == [(0, 256), (256, 256), (512, 256), (768, 272)]
+    assert cut(10, 256, 0) == [(0, 10)]
+
+
+def test_paths_stripe_over_preferred_then_fail_over_and_cool_down():
+    paths = PathSet({"cpu:0": [["a", "b"], ["c"]]}, cooldown=10)
+    assert [paths.choose("cpu:0", i, 0, now=0) for i in range(4)] == ["a", "b", "a", "b"]
+    paths.mark_failed("a", now=0)
+    assert [paths.choose("cpu:0", i, 0, now=1) for i in range(2)] == ["b", "b"]
+    assert paths.choose("cpu:0", 0, 1, now=1) in ("b", "c")  # a retry never picks the failed one
+    assert paths.choose("cpu:0", 0, 0, now=11) == "a"  # cool-down over: tried again
+    assert paths.tiers("cuda:3") == (["a", "b", "c"], [])
+    with pytest.raises(InvalidArgument):
+        PathSet({"cpu:0": [["a"]]}, cooldown=1)
