@@ -1,0 +1,163 @@
+"""`mooncake bench transfer`: engine throughput against this machine's own limits, in one run.
+
+Like Mooncake's transfer_engine_bench: a target engine in another process (or ``--target``),
+``threads`` initiator threads each submitting batches of ``batch_size`` requests of
+``block_size`` bytes for ``duration`` seconds. The same run measures single-thread memcpy and a
+single-stream raw TCP socket (to a receiving process) for the same block size, so the ratios
+compare like with like on a machine whose speed varies with whatever else runs on it.
+Run as a script, this module is the target process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from transfer.batch import OpCode, Status, TransferRequest
+from transfer.engine import TransferEngine
+from transfer.engine_options import EngineOptions
+from transfer.errors import TransferFailed
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RAW_RECEIVER = """
+import socket, sys
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+buf = memoryview(bytearray(int(sys.argv[2])))
+total = 0
+while True:
+    n = sock.recv_into(buf)
+    if not n:
+        break
+    total += n
+sock.sendall(str(total).encode())
+"""
+
+
+def run(*, protocol: str, op: str, block_size: int, batch_size: int, threads: int,
+        duration: float, target: str | None = None, options: EngineOptions | None = None) -> dict:
+    options = replace(options or EngineOptions.from_config(), protocol=protocol)
+    size = block_size * batch_size * threads
+    process = None if target else _start_target(size, protocol)
+    try:
+        name = target or json.loads(process.stdout.readline())["name"]  # type: ignore[union-attr]
+        result = _measure_engine(name, options, OpCode[op.upper()], block_size, batch_size,
+                                 threads, duration)
+    finally:
+        if process is not None:
+            process.stdin.close()  # type: ignore[union-attr]
+            process.wait(timeout=10)
+            process.stdout.close()  # type: ignore[union-attr]
+    result["memcpy_gbps"] = memcpy_gbps(block_size)
+    result["raw_socket_gbps"] = raw_socket_gbps(block_size)
+    result["vs_memcpy"] = result["gbps"] / result["memcpy_gbps"]
+    result["vs_raw_socket"] = result["gbps"] / result["raw_socket_gbps"]
+    return result
+
+
+def _start_target(size: int, protocol: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "transfer.bench", str(size), protocol],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=_ROOT,
+                            env={**os.environ, "PYTHONPATH": _ROOT})
+
+
+def _measure_engine(name: str, options: EngineOptions, opcode: OpCode, block_size: int, batch_size: int,
+                    threads: int, duration: float) -> dict:
+    with TransferEngine(options=options) as engine:
+        handle = engine.open_segment(name)
+        remote = engine.segment_descriptor(handle).buffers[0]
+        local = np.ones(block_size * batch_size * threads, np.uint8)
+        source = engine.register_local_memory(local)
+        latencies: list[list[float]] = [[] for _ in range(threads)]
+        errors: list[str] = []
+
+        def worker(index: int, until: float) -> None:
+            base = index * block_size * batch_size
+            requests = [TransferRequest(opcode, source + base + i * block_size, handle,
+                                        remote.address + base + i * block_size, block_size)
+                        for i in range(batch_size)]
+            while time.monotonic() < until and not errors:
+                batch = engine.allocate_batch_id(batch_size)
+                started = time.perf_counter()
+                engine.submit_transfer(batch, requests)
+                status = engine.wait_batch(batch)
+                latencies[index].append(time.perf_counter() - started)
+                engine.free_batch_id(batch)
+                if status.status != Status.COMPLETED:
+                    errors.append(status.error)
+
+        worker(0, time.monotonic() + min(0.3, duration))  # warm-up: connections, page faults
+        latencies[0].clear()
+        until = time.monotonic() + duration
+        pool = [threading.Thread(target=worker, args=(i, until)) for i in range(threads)]
+        started = time.perf_counter()
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+        elapsed = time.perf_counter() - started
+    if errors:
+        raise TransferFailed(f"benchmark transfer failed: {errors[0]}")
+    per_batch = np.array([x for each in latencies for x in each]) * 1000
+    requests_done = len(per_batch) * batch_size
+    return {
+        "protocol": options.protocol, "op": opcode.name.lower(), "block_size": block_size,
+        "batch_size": batch_size, "threads": threads, "seconds": elapsed,
+        "gbps": requests_done * block_size / elapsed / 1e9, "requests_per_s": requests_done / elapsed,
+        "batch_p50_ms": float(np.percentile(per_batch, 50)),
+        "batch_p99_ms": float(np.percentile(per_batch, 99)),
+    }
+
+
+def memcpy_gbps(block_size: int, seconds: float = 0.3) -> float:
+    """Single-thread copies of block_size between two buffers of this process."""
+    count = max(1, (64 << 20) // block_size)
+    source, destination = np.ones(block_size * count, np.uint8), np.zeros(block_size * count, np.uint8)
+    np.copyto(destination, source)  # fault the pages in before timing
+    copied, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for i in range(count):
+            np.copyto(destination[i * block_size:(i + 1) * block_size],
+                      source[i * block_size:(i + 1) * block_size])
+        copied += block_size * count
+    return copied / (time.perf_counter() - started) / 1e9
+
+
+def raw_socket_gbps(block_size: int, seconds: float = 0.5) -> float:
+    """One loopback TCP stream to another process, sendall of block_size buffers."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        receiver = subprocess.Popen([sys.executable, "-c", _RAW_RECEIVER,
+                                     str(listener.getsockname()[1]), str(min(block_size, 4 << 20))])
+        listener.settimeout(10)
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                payload = memoryview(np.ones(block_size, np.uint8))
+                started = time.perf_counter()
+                while time.perf_counter() - started < seconds:
+                    conn.sendall(payload)
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(10)
+                total = int(conn.recv(64))
+                elapsed = time.perf_counter() - started
+        finally:
+            receiver.wait(timeout=10)
+    return total / elapsed / 1e9
+
+
+def _serve_target(size: int, protocol: str) -> None:
+    with TransferEngine(options=EngineOptions.from_config(protocol=protocol)) as engine:
+        engine.allocate_shared_buffer(size)
+        print(json.dumps({"name": engine.name}), flush=True)
+        sys.stdin.read()  # serve until the benchmark closes our stdin
+
+
+if __name__ == "__main__":
+    _serve_target(int(sys.argv[1]), sys.argv[2])
