@@ -3,7 +3,8 @@
 Each connection thread reads a request header, then moves the payload straight between the
 socket and registered memory (recv_into a view of the buffer for WRITE, sendmsg of the view for
 READ). WRITE acks are held while more requests are already waiting in the socket and sent
-together when it drains, so a burst of small slices costs one ack syscall, not one each.
+together when it drains, so a burst of small slices costs one ack syscall, not one each; they
+are flushed at least every ``_ACK_EVERY`` bytes so a long stream still shows progress.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transfer.tcp_wire import (REQUEST, RESPONSE, PeerClosed, recv_exact, recv_m
 
 log = logging.getLogger(__name__)
 _DRAIN_CHUNK = 1 << 20
+_ACK_EVERY = 1 << 20
 
 
 class TcpTarget:
@@ -108,8 +110,15 @@ class TcpTarget:
         header = bytearray(REQUEST.size)
         view = memoryview(header)
         acks: list[bytes] = []
+        held = 0  # bytes written whose acks are held
         while True:
+            if held >= _ACK_EVERY:
+                send_all(conn, acks)
+                acks.clear()
+                held = 0
             self._read_header(conn, view, acks)
+            if not acks:
+                held = 0
             op, slice_id, address, length = REQUEST.unpack(header)
             target, status = self._resolve(address, length)
             if op == OpCode.WRITE:
@@ -118,6 +127,7 @@ class TcpTarget:
                 else:
                     recv_exact(conn, target)
                 acks.append(RESPONSE.pack(status, slice_id, length))
+                held += length
                 continue
             acks.append(RESPONSE.pack(status, slice_id, length if target is not None else 0))
             send_all(conn, acks if target is None else [*acks, target])
