@@ -6,6 +6,7 @@ import typer
 
 from mooncake_cli.commands import bench, cluster, config
 from mooncake_cli.commands import topo
+from mooncake_cli.commands import bench_sched, sim
 
 app = typer.Typer(
     name="mooncake",
@@ -20,6 +21,8 @@ cluster.register(app)
 config.register(app)
 topo.register(app)
 app.add_typer(bench.app, name="bench")
+sim.register(app)
+bench.app.command("sched")(bench_sched.sched)
 
 
 def main() -> None:

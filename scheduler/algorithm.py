@@ -1,0 +1,119 @@
+"""Algorithm 1 of the paper (prefill selection), its three baselines, and decode selection.
+
+For every prefill instance the conductor estimates TTFT = queue + prefill on the prefix the
+instance holds itself, or transfer + queue + prefill on the best prefix anywhere when that prefix
+is longer by more than ``kvcache_balancing_threshold`` tokens, and picks the minimum. With the
+threshold on ``auto`` both options are estimated and the cheaper wins, so the break-even point
+follows the transfer rate the predictor has observed instead of a hand-tuned constant.
+
+The baselines of the paper's Figure 5 share the same estimates but choose differently:
+random (any instance), load (shortest queue), cache (longest own prefix, then shortest queue).
+None of them moves KV between instances.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from scheduler.cache_index import PrefixMatch
+from scheduler.config import SchedulerConfig
+from scheduler.instances import DecodeBatch, PrefillQueue
+from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
+from scheduler.types import LOCAL_HIT, MISS, RECOMPUTE, TRANSFER, ScheduleRequest
+
+
+@dataclass
+class PrefillChoice:
+    prefill_id: str
+    reason: str
+    local_tokens: int
+    prefix_tokens: int
+    transfer_from: str | None
+    transfer_blocks: tuple[int, int]  # [start, end) block indices to pull
+    t_transfer: float
+    t_queue: float
+    t_prefill: float
+
+    @property
+    def ttft(self) -> float:
+        return self.t_transfer + self.t_queue + self.t_prefill
+
+
+def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping[str, PrefillQueue],
+                   now: float, cfg: SchedulerConfig, prefill: PrefillTimeModel,
+                   transfer: TransferTimeModel, rng: random.Random) -> tuple[PrefillChoice, dict[str, float]]:
+    """The prefill instance for ``request`` under ``cfg.policy``, and every candidate's TTFT.
+
+    This runs for every request on every instance, so it works on plain numbers and builds the
+    one PrefillChoice of the winner; estimates that depend only on the prefix length an instance
+    holds are shared between instances holding the same length.
+    """
+    n, bs = request.input_length, cfg.block_tokens
+    allow = cfg.policy == "kvcentric" and cfg.transfers
+    best_blocks = match.best_len
+    best = min(best_blocks * bs, n)
+    t_best = prefill.predict(n, best)
+    by_length: dict[int, tuple[float, float]] = {}  # local blocks -> (prefill, transfer) seconds
+    rows = []  # (ttft, queue, local_blocks, pulls)
+    for instance_id, queue in queues.items():
+        blocks = match.lengths.get(instance_id, 0)
+        times = by_length.get(blocks)
+        if times is None:
+            local = min(blocks * bs, n)
+            times = by_length[blocks] = (prefill.predict(n, local), transfer.predict(best - local))
+        t_queue = queue.queue_time(now)
+        ttft, pulls = t_queue + times[0], False
+        # An instance short of the best prefix is not among its holders, so a source exists.
+        if allow and best_blocks > blocks:
+            pulled = times[1] + t_queue + t_best
+            if cfg.threshold is None:
+                pulls = pulled < ttft
+            else:
+                pulls = best - min(blocks * bs, n) > cfg.threshold
+            if pulls:
+                ttft = pulled
+        rows.append((ttft, t_queue, blocks, pulls))
+    ids = list(queues)
+    candidates = {ids[ix]: row[0] for ix, row in enumerate(rows)}
+    if cfg.policy == "random":
+        pick = rng.randrange(len(rows))
+    elif cfg.policy == "load":
+        pick = min(range(len(rows)), key=lambda ix: (rows[ix][1], ix))
+    elif cfg.policy == "cache":
+        pick = min(range(len(rows)), key=lambda ix: (-rows[ix][2], rows[ix][1], ix))
+    else:
+        pick = min(range(len(rows)), key=lambda ix: (rows[ix][0], ix))
+    _, t_queue, blocks, pulls = rows[pick]
+    local = min(blocks * bs, n)
+    t_prefill, t_transfer = by_length[blocks]
+    if pulls:
+        # Spread pulls of a hot prefix over its holders; the same request always picks the same.
+        holders = match.best_holders
+        source = holders[zlib.crc32(request.request_id.encode()) % len(holders)]
+        return PrefillChoice(ids[pick], TRANSFER, local, best, source, (blocks, best_blocks),
+                             t_transfer, t_queue, t_best), candidates
+    reason = RECOMPUTE if best_blocks > blocks else (LOCAL_HIT if local else MISS)
+    return PrefillChoice(ids[pick], reason, local, local, None, (blocks, blocks), 0.0, t_queue,
+                         t_prefill), candidates
+
+
+def choose_decode(batches: Sequence[DecodeBatch], model: DecodeTbtModel, tbt_slo: float,
+                  context: int, require_fit: bool, prefer: str | None = None) -> tuple[str | None, float]:
+    """The least-loaded decode instance after adding ``context`` tokens, and its load.
+
+    With ``require_fit`` only an instance whose load stays <= 1 (TBT within SLO, KV fits) counts;
+    ``prefer`` keeps an earlier choice when it still fits, so a planned KV stream is not moved.
+    """
+    best_id, best_load = None, float("inf")
+    for batch in batches:
+        load = batch.load_with(model, tbt_slo, context)
+        if batch.instance_id == prefer and load <= 1.0:
+            return batch.instance_id, load
+        if load < best_load:
+            best_id, best_load = batch.instance_id, load
+    if require_fit and best_load > 1.0:
+        return None, best_load
+    return best_id, best_load

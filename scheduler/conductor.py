@@ -1,0 +1,148 @@
+"""The conductor's policy facade: what the conductor daemon (and the simulator) calls.
+
+Lifecycle of one request, every call taking the time ``now`` as an argument:
+
+    decision = conductor.schedule(request, now)        # pick (prefill, decode) or reject (429)
+    conductor.prefill_finished(request_id, now, ...)   # the worker reports; queue advances
+    decode_id = conductor.admit_decode(request_id, now)  # None: rejected at decode
+    conductor.decode_finished(request_id, now)
+
+Cache state arrives as events: ``conductor.index.block_stored(location, keys)`` and
+``block_evicted``. A decision that pulls a prefix lists ``transfer_keys``: the prefill instance
+pulls those blocks and keeps them, and its store report makes it a holder of the hot prefix.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from scheduler.admission import DecodeForecast
+from scheduler.algorithm import choose_decode, choose_prefill
+from scheduler.cache_index import CacheIndex
+from scheduler.config import SchedulerConfig
+from scheduler.errors import NoInstances, UnknownRequest
+from scheduler.instances import DecodeBatch, PrefillQueue
+from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
+from scheduler.types import REJECT_TBT, REJECT_TTFT, Decision, ScheduleRequest
+
+
+@dataclass
+class _InFlight:
+    prefill_id: str
+    decode_id: str | None
+    context: int
+    decoding: bool = False
+
+
+class Conductor:
+    def __init__(self, cfg: SchedulerConfig | None = None, *, index: CacheIndex | None = None,
+                 prefill_model: PrefillTimeModel | None = None,
+                 transfer_model: TransferTimeModel | None = None,
+                 tbt_model: DecodeTbtModel | None = None) -> None:
+        self.cfg = cfg or SchedulerConfig()
+        self.index = index or CacheIndex()
+        self.prefill_model = prefill_model or PrefillTimeModel()
+        self.transfer_model = transfer_model or TransferTimeModel(
+            self.cfg.bytes_per_token, self.cfg.bandwidth)
+        # Only the auto threshold compares options on the transfer estimate, so only it learns.
+        self.transfer_model.learn = self.cfg.threshold is None
+        self.tbt_model = tbt_model or DecodeTbtModel()
+        self.forecast = DecodeForecast(self.cfg.decode_occupancy)
+        self.prefill: dict[str, PrefillQueue] = {}
+        self.decode: dict[str, DecodeBatch] = {}
+        self.inflight: dict[str, _InFlight] = {}
+        self._rng = random.Random(self.cfg.seed)
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def add_prefill(self, instance_id: str) -> None:
+        self.prefill.setdefault(instance_id, PrefillQueue(instance_id))
+
+    def add_decode(self, instance_id: str, kv_capacity_tokens: int) -> None:
+        self.decode.setdefault(instance_id, DecodeBatch(instance_id, kv_capacity_tokens))
+
+    def remove_instance(self, instance_id: str) -> None:
+        self.prefill.pop(instance_id, None)
+        self.decode.pop(instance_id, None)
+        self.index.location_removed(instance_id)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def schedule(self, request: ScheduleRequest, now: float) -> Decision:
+        """Algorithm 1: the (prefill, decode) pair with the least TTFT, or a rejection."""
+        if not self.prefill or not self.decode:
+            raise NoInstances(f"{len(self.prefill)} prefill and {len(self.decode)} decode instances")
+        cfg = self.cfg
+        match = self.index.match(request.block_keys)
+        choice, candidates = choose_prefill(request, match, self.prefill, now, cfg,
+                                            self.prefill_model, self.transfer_model, self._rng)
+        context = request.input_length + request.expected_output
+        decision = Decision(
+            request.request_id, choice.reason, choice.prefill_id, None, choice.prefix_tokens,
+            choice.local_tokens, choice.transfer_from,
+            tuple(request.block_keys[choice.transfer_blocks[0]:choice.transfer_blocks[1]]),
+            choice.t_transfer, choice.t_queue, choice.t_prefill, choice.ttft, 0.0, candidates)
+        if cfg.ttft_slo > 0 and choice.ttft > cfg.ttft_slo:
+            decision.reason = REJECT_TTFT
+            return decision
+        decode_id, load = choose_decode(list(self.decode.values()), self.tbt_model, cfg.tbt_slo,
+                                        context, require_fit=cfg.admission == "early")
+        decision.decode_id, decision.decode_load = decode_id, load
+        if cfg.admission == "predictive":
+            decision.decode_load = self.forecast.load_at(
+                now, now + choice.ttft, context, len(self.decode), self._mean_kv_capacity(),
+                self.tbt_model, cfg.tbt_slo)
+        # "none" plans a decode instance but never refuses here: the paper's baseline, which
+        # finds out only after prefill (admit_decode) that decode is full.
+        if decode_id is None or (cfg.admission == "predictive" and decision.decode_load > 1.0):
+            decision.reason = REJECT_TBT
+            return decision
+        self.prefill[choice.prefill_id].enqueue(request.request_id, choice.ttft - choice.t_queue, now)
+        self.forecast.prefill_planned(request.request_id, now + choice.ttft, context)
+        self.inflight[request.request_id] = _InFlight(choice.prefill_id, decode_id, context)
+        return decision
+
+    def prefill_finished(self, request_id: str, now: float, *, transfer_tokens: int = 0,
+                         transfer_seconds: float | None = None) -> None:
+        """The prefill instance is done (its KV is streaming to decode)."""
+        flight = self._flight(request_id)
+        queue = self.prefill.get(flight.prefill_id)
+        if queue is not None:
+            queue.finish(request_id, now)
+        if transfer_seconds is not None:
+            self.transfer_model.observe(transfer_tokens, transfer_seconds)
+
+    def admit_decode(self, request_id: str, now: float) -> str | None:
+        """Place the prefilled request on a decode instance within the TBT SLO, or reject it."""
+        flight = self._flight(request_id)
+        decode_id, _ = choose_decode(list(self.decode.values()), self.tbt_model, self.cfg.tbt_slo,
+                                     flight.context, require_fit=True, prefer=flight.decode_id)
+        if decode_id is None:
+            self.forecast.dropped(request_id)
+            del self.inflight[request_id]
+            return None
+        flight.decode_id, flight.decoding = decode_id, True
+        self.decode[decode_id].admit(request_id, flight.context)
+        self.forecast.decode_started(request_id, now)
+        return decode_id
+
+    def decode_finished(self, request_id: str, now: float) -> None:
+        flight = self.inflight.pop(request_id, None)
+        if flight is None:
+            return
+        if flight.decode_id in self.decode:
+            self.decode[flight.decode_id].release(request_id)
+        self.forecast.decode_finished(request_id, now)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _flight(self, request_id: str) -> _InFlight:
+        try:
+            return self.inflight[request_id]
+        except KeyError:
+            raise UnknownRequest(f"no request {request_id!r} in flight") from None
+
+    def _mean_kv_capacity(self) -> int:
+        return sum(d.kv_capacity for d in self.decode.values()) // max(len(self.decode), 1)
+

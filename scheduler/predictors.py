@@ -1,0 +1,92 @@
+"""Predictors the conductor plans with: prefill time, transfer time, decode TBT.
+
+Each is a small model with ``predict`` and a way to learn: the prefill and TBT models are fitted by
+least squares from samples (offline profiling, or what workers report), the transfer model keeps
+a moving average of the rate transfers actually achieved, because the nominal link bandwidth
+ignores congestion at a hot source — the hardest part to predict, as the paper says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+def _prefill_features(input_len: float, prefix_len: float) -> list[float]:
+    # Work grows linearly in the new tokens (MLP, projections) and with new x all tokens
+    # (attention): new*prefix + new^2/2 counts the causal (query, key) pairs.
+    new = max(input_len - prefix_len, 0.0)
+    return [1.0, new, new * prefix_len + new * new / 2.0]
+
+
+@dataclass
+class PrefillTimeModel:
+    """Seconds to prefill ``input_len`` tokens of which ``prefix_len`` are cached."""
+
+    coef: tuple[float, float, float] = (0.02, 1.12e-4, 2.1e-9)
+
+    def predict(self, input_len: int, prefix_len: int) -> float:
+        c0, c1, c2 = self.coef
+        new = max(input_len - prefix_len, 0)
+        return c0 + c1 * new + c2 * (new * prefix_len + new * new / 2.0)
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> "PrefillTimeModel":
+        """Least squares over (input_len, prefix_len, seconds) samples."""
+        if len(samples) < 3:
+            raise ValueError("need at least 3 samples to fit the prefill model")
+        x = np.array([_prefill_features(n, p) for n, p, _ in samples])
+        y = np.array([t for _, _, t in samples])
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]
+
+
+@dataclass
+class TransferTimeModel:
+    """Seconds to move ``num_tokens`` of KV from another location into a prefill instance."""
+
+    bytes_per_token: int = 327680
+    bandwidth: float = 12.5e9  # bytes/s, the nominal link
+    latency: float = 0.001
+    learn: bool = False  # when True, observe() tracks the achieved rate (used by the auto threshold)
+    smoothing: float = 0.1
+    seconds_per_token: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seconds_per_token = self.bytes_per_token / self.bandwidth
+
+    def predict(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.latency + num_tokens * self.seconds_per_token
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if not self.learn or num_tokens <= 0:
+            return
+        rate = max(seconds - self.latency, 0.0) / num_tokens
+        self.seconds_per_token += self.smoothing * (rate - self.seconds_per_token)
+
+
+@dataclass
+class DecodeTbtModel:
+    """Seconds per decode step for a batch of ``batch`` sequences holding ``context`` tokens."""
+
+    coef: tuple[float, float, float] = (0.030, 0.0015, 1e-7)
+
+    def predict(self, batch: int, context: int) -> float:
+        if batch <= 0:
+            return 0.0
+        c0, c1, c2 = self.coef
+        return c0 + c1 * batch + c2 * context
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> "DecodeTbtModel":
+        """Least squares over (batch, context_tokens, seconds_per_step) samples."""
+        if len(samples) < 3:
+            raise ValueError("need at least 3 samples to fit the decode model")
+        x = np.array([[1.0, b, c] for b, c, _ in samples])
+        y = np.array([t for _, _, t in samples])
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]

@@ -1,0 +1,56 @@
+"""Reading request traces in the format of the Mooncake FAST'25 release.
+
+One JSON object per line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
+"hash_ids": [one id per 512-token block, chained like our prefix keys]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from scheduler.errors import TraceFormatError
+
+TRACE_BLOCK_TOKENS = 512  # the release's hash_ids cover 512 tokens each
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival: float  # seconds from the start of the trace (after speedup)
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def parse_trace(lines: Iterable[str], *, speedup: float = 1.0, limit: int | None = None,
+                source: str = "trace") -> list[TraceRequest]:
+    if speedup <= 0:
+        raise ValueError("speedup must be positive")
+    requests: list[TraceRequest] = []
+    for number, line in enumerate(lines, 1):
+        if limit is not None and len(requests) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            request = TraceRequest(float(row["timestamp"]) / 1000.0 / speedup, int(row["input_length"]),
+                                   int(row["output_length"]), tuple(int(h) for h in row["hash_ids"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TraceFormatError(f"{source}:{number}: {exc.__class__.__name__}: {exc}") from None
+        if request.input_length <= 0 or request.output_length < 0:
+            raise TraceFormatError(f"{source}:{number}: lengths must be positive")
+        requests.append(request)
+    if any(b.arrival < a.arrival for a, b in zip(requests, requests[1:])):
+        raise TraceFormatError(f"{source}: timestamps are not sorted")
+    return requests
+
+
+def load_trace(path: str | Path, *, speedup: float = 1.0, limit: int | None = None) -> list[TraceRequest]:
+    try:
+        with open(path) as handle:
+            return parse_trace(handle, speedup=speedup, limit=limit, source=str(path))
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: {exc.strerror}") from None
