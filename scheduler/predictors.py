@@ -45,28 +45,48 @@ class PrefillTimeModel:
 
 @dataclass
 class TransferTimeModel:
-    """Seconds to move ``num_tokens`` of KV from another location into a prefill instance."""
+    """Seconds to move ``num_tokens`` of KV from another location into a prefill instance.
+
+    ``predict`` is ``fixed + num_tokens * seconds_per_token``. Learning (for the auto threshold)
+    fits both terms by exponentially weighted least squares over observed transfers: a hot
+    source's queue adds a wait per transfer, not per token, so a per-token rate alone would make
+    a small transfer that waited look as if every large one must crawl.
+    """
 
     bytes_per_token: int = 327680
     bandwidth: float = 12.5e9  # bytes/s, the nominal link
     latency: float = 0.001
-    learn: bool = False  # when True, observe() tracks the achieved rate (used by the auto threshold)
-    smoothing: float = 0.1
+    learn: bool = False
+    decay: float = 0.98  # weight kept by past observations at each new one
     seconds_per_token: float = field(init=False)
+    fixed: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.seconds_per_token = self.bytes_per_token / self.bandwidth
+        self.fixed = self.latency
+        # Prior: two pseudo-observations on the nominal line, so few samples cannot run wild.
+        big = 16384.0
+        self._sums = [2.0, big, big * big, 2 * self.latency + big * self.seconds_per_token,
+                      big * (self.latency + big * self.seconds_per_token)]
 
     def predict(self, num_tokens: int) -> float:
         if num_tokens <= 0:
             return 0.0
-        return self.latency + num_tokens * self.seconds_per_token
+        return self.fixed + num_tokens * self.seconds_per_token
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if not self.learn or num_tokens <= 0:
             return
-        rate = max(seconds - self.latency, 0.0) / num_tokens
-        self.seconds_per_token += self.smoothing * (rate - self.seconds_per_token)
+        w, x, y = self.decay, float(num_tokens), seconds
+        s0, s1, s2, t0, t1 = (v * w for v in self._sums)
+        self._sums = [s0 + 1, s1 + x, s2 + x * x, t0 + y, t1 + x * y]
+        s0, s1, s2, t0, t1 = self._sums
+        det = s0 * s2 - s1 * s1
+        if det <= 1e-12 * s2 * s0:
+            return  # all recent transfers had the same size: the slope is not identified
+        slope = (s0 * t1 - s1 * t0) / det
+        self.seconds_per_token = max(slope, 0.0)
+        self.fixed = max((t0 - slope * s1) / s0, 0.0)
 
 
 @dataclass

@@ -47,7 +47,9 @@ def sim(
                                             "(default: the admission_policy setting)."),
     threshold_sweep: Optional[str] = typer.Option(None, "--threshold-sweep", help="Comma list of "
                                                   "kvcache_balancing_threshold values (tokens or auto), one run each."),
-    compare_scopes: bool = typer.Option(False, "--compare-scopes", help="Run with global and with local caches."),
+    compare_scopes: bool = typer.Option(False, "--compare-scopes", help="Figure 10: run with one shared pool of "
+                                        "prefill x cache_capacity_tokens (global) and with private per-instance caches "
+                                        "of cache_capacity_tokens each (local)."),
     speedup: float = typer.Option(1.0, "--speedup", min=0.01, help="Replay this many times faster (2 overloads)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N requests."),
     capacity_sweep_: bool = typer.Option(False, "--capacity-sweep", help="Also report LRU hit rate against "
@@ -72,7 +74,6 @@ def sim(
     policies = _choices(policy, POLICIES, base.policy, "--policy")
     admissions = _choices(admission, ADMISSIONS, base.admission, "--admission")
     thresholds = _thresholds(threshold_sweep, base.threshold)
-    scopes = [True, False] if compare_scopes else [base.transfers]
     try:
         requests = load_trace(trace, speedup=speedup, limit=limit)
     except MooncakeError as exc:
@@ -81,11 +82,15 @@ def sim(
         fail(f"{trace}: no requests")
     cost = CostModel(bytes_per_token=config.kv_bytes_per_token, bandwidth=float(config.kv_transfer_bandwidth),
                      decode_kv_capacity=config.decode_kv_capacity_tokens)
-    setup = SimSetup(prefill, decode, config.cache_capacity_tokens, config.pool_capacity_tokens, cost)
+    capacity, pool = config.cache_capacity_tokens, config.pool_capacity_tokens
+    setups = {base.transfers: SimSetup(prefill, decode, capacity, pool, cost)}
+    if compare_scopes:  # same memory per instance, either private or pooled in the store
+        setups = {True: SimSetup(prefill, decode, 0, pool + prefill * capacity, cost),
+                  False: SimSetup(prefill, decode, capacity, 0, cost)}
     runs, results = [], []
-    for pol, adm, thr, scope in itertools.product(policies, admissions, thresholds, scopes):
+    for pol, adm, thr, scope in itertools.product(policies, admissions, thresholds, setups):
         cfg = base.with_(policy=pol, admission=adm, threshold=thr, transfers=scope)
-        result = simulate(requests, cfg, setup)
+        result = simulate(requests, cfg, setups[scope])
         result.params.update(policy=pol, admission=adm, threshold="auto" if thr is None else thr,
                              scope="global" if scope else "local")
         results.append(result)
@@ -107,22 +112,22 @@ def _ms(value: float | None) -> str:
 
 
 def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _render(data: dict) -> Table:
     title = (f"{data['trace']}: {data['prefill']}P+{data['decode']}D, x{data['speedup']:g}, "
              f"SLO TTFT {data['ttft_slo']:g}s TBT {data['tbt_slo'] * 1000:g}ms")
     # Short headers keep the table readable in 80 columns; units are in the caption.
-    table = Table(Column("run", no_wrap=True), "rej", "good", "TTFT", "TTFT99", "TBT", "TBT99",
-                  "hit", "GPU", title=title,
+    numbers = [Column(h, no_wrap=True) for h in ("rej", "good", "TTFT", "TTFT99", "TBT", "TBT99", "hit", "GPU")]
+    table = Table(Column("run"), *numbers, title=title, caption_justify="left",
                   caption="TTFT mean/p99 in s, TBT mean/p99 in ms, hit: token hit rate, GPU: prefill GPU s")
     for run in data["runs"]:
         t, b = run["ttft"], run["tbt"]
-        table.add_row(f"{run['policy']} {run['admission']}\nthreshold {run['threshold']}, {run['scope']}",
-                      f"{run['rejected']:,}", f"{run['goodput']:,}", _s(t["mean"]), _s(t["p99"]),
+        table.add_row(f"{run['policy']} {run['admission']}\n{run['threshold']} {run['scope']}",
+                      str(run["rejected"]), str(run["goodput"]), _s(t["mean"]), _s(t["p99"]),
                       _ms(b["mean"]), _ms(b["p99"]), f"{run['hit_rate']:.0%}",
-                      f"{run['prefill_gpu_seconds']:,.0f}")
+                      f"{run['prefill_gpu_seconds']:.0f}")
     for row in data.get("capacity_sweep", []):
         capacity = "infinite" if row["capacity_tokens"] is None else f"{row['capacity_tokens']:,}"
         table.caption += f"\n{capacity} tokens of cache: hit rate {row['hit_rate']:.1%}"

@@ -26,11 +26,15 @@ def test_decode_fit_and_predict():
     assert truth.predict(0, 0) == 0.0
 
 
-def test_transfer_learns_only_when_asked():
+def test_transfer_learns_only_when_asked_and_separates_waiting_from_rate():
     model = TransferTimeModel(bytes_per_token=100, bandwidth=1e6, latency=0.0)
     assert model.predict(1000) == pytest.approx(0.1)
     model.observe(1000, 0.3)
     assert model.predict(1000) == pytest.approx(0.1)
-    model.learn, model.smoothing = True, 0.5
-    model.observe(1000, 0.3)  # halfway from 1e-4 to 3e-4 s/token
-    assert model.predict(1000) == pytest.approx(0.2)
+    model.learn = True
+    # A congested source: every pull waits 0.5 s, then moves at the nominal 1e-4 s/token.
+    for _ in range(300):
+        for tokens in (500, 5000, 20000):
+            model.observe(tokens, 0.5 + tokens * 1e-4)
+    assert model.fixed == pytest.approx(0.5, rel=1e-3)
+    assert model.seconds_per_token == pytest.approx(1e-4, rel=1e-3)
