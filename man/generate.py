@@ -59,8 +59,8 @@ def _synopsis(path: tuple[str, ...], command: Command) -> str:
         words.append("\\fICOMMAND\\fR [\\fIARGS\\fR]...")
     else:
         words.append("[\\fIOPTIONS\\fR]")
-        words += [f"\\fI{p.human_readable_name}\\fR" for p in command.params
-                  if p.param_type_name == "argument"]
+        words += [f"[\\fI{p.name.upper()}\\fR]" if not p.required else f"\\fI{p.name.upper()}\\fR"
+                  for p in command.params if p.param_type_name == "argument"]
     return " ".join(words)
 
 

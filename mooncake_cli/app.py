@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import bench, cluster, config
-from mooncake_cli.commands import topo
-from mooncake_cli.commands import bench_sched, sim
+from mooncake_cli.commands import bench, bench_sched, bench_transfer, cluster, config, sim, topo
 
 app = typer.Typer(
     name="mooncake",
@@ -20,9 +18,10 @@ app = typer.Typer(
 cluster.register(app)
 config.register(app)
 topo.register(app)
-app.add_typer(bench.app, name="bench")
 sim.register(app)
+app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
+bench.app.command("transfer")(bench_transfer.transfer)
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Typer flags generated from the settings registry.
 
-``@settings_options("cluster", "rpc")`` appends one ``--flag`` per setting of those sections, plus
-``--config FILE``, to a command's signature. When the command runs, the flags the user gave are
+``@settings_options("cluster", "rpc", "sysfs_root")`` appends one ``--flag`` per setting of those
+sections (or named singly), plus ``--config FILE``, to a command's signature. Boolean settings
+are bare switches (``--include-virtual/--no-include-virtual``). When the command runs, the flags the user gave are
 resolved with the environment, the config file and the defaults into one :class:`Config`, which
 the command receives as its ``config`` parameter. Help text and defaults come from the registry.
 """
@@ -14,21 +15,31 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from transfer.settings import Config, SettingError, resolve, settings_in
+from transfer.settings import (
+    SECTIONS, SETTINGS, Config, Setting, SettingError, resolve, setting, settings_in,
+)
 
 CONFIG_HELP = "YAML file of settings (keys are setting names); flags and MOONCAKE_* env vars win over it."
 
 
 def _option_for(spec) -> inspect.Parameter:
     help_text = f"{spec.help} [default: {spec.default_text or 'none'}; env {spec.env_var}]"
-    option = typer.Option(None, spec.flag, help=help_text, show_default=False,
+    is_switch = spec.kind == "bool"
+    flags = f"{spec.flag}/--no-{spec.flag[2:]}" if is_switch else spec.flag
+    option = typer.Option(None, flags, help=help_text, show_default=False,
                           rich_help_panel=f"Settings: {spec.section}")
-    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY,
-                             default=option, annotation=Optional[str])
+    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                             annotation=Optional[bool] if is_switch else Optional[str])
 
 
-def settings_options(*sections: str) -> Callable[[Callable], Callable]:
-    specs = settings_in(sections)
+def _specs(names: tuple[str, ...]) -> list[Setting]:
+    picked = {s.name for s in settings_in(n for n in names if n in SECTIONS)}
+    picked |= {n for n in names if n not in SECTIONS and setting(n)}
+    return [s for s in SETTINGS if s.name in picked]
+
+
+def settings_options(*sections_or_names: str) -> Callable[[Callable], Callable]:
+    specs = _specs(sections_or_names)
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command)

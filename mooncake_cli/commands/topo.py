@@ -20,23 +20,11 @@ from rich.tree import Tree
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, stderr, stdout
 from topology import TopologyError, load_or_discover, placement_tree, summarize, write_matrix
-from transfer.settings import setting
 
 app = typer.Typer(help="Discover and explain this host's topology matrix (NUMA, PCIe, NICs, GPUs).",
                   no_args_is_help=True)
 
-# The registry's generated flags all take a value; these two are spelled as the issue asks
-# (`--include-virtual` bare), with help and defaults still from the registry.
-SYSFS_ROOT = typer.Option(None, "--sysfs-root", help=setting("sysfs_root").help + r" \[default: /sys]",
-                          show_default=False, rich_help_panel="Settings: topology")
-INCLUDE_VIRTUAL = typer.Option(None, "--include-virtual/--no-include-virtual", help=setting("include_virtual").help,
-                               show_default=False, rich_help_panel="Settings: topology")
 _RANK_STYLE = {"preferred": "green", "secondary": "yellow", "skipped": "dim"}
-
-
-def _topology_settings(config: Config, sysfs_root: Optional[str], include_virtual: Optional[bool]) -> Config:
-    given = {"sysfs_root": sysfs_root, "include_virtual": include_virtual}
-    return config.replace(**{name: value for name, value in given.items() if value is not None})
 
 
 def _load(topology_file: Optional[str], config: Config):
@@ -50,17 +38,14 @@ def _load(topology_file: Optional[str], config: Config):
 
 
 @app.command("discover")
-@settings_options("cluster")
+@settings_options("cluster", "sysfs_root", "include_virtual")
 def discover(
     output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
                                          help=r"Where to write the matrix \[default: <workdir>/topology.json]."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
-    sysfs_root: Optional[str] = SYSFS_ROOT,
-    include_virtual: Optional[bool] = INCLUDE_VIRTUAL,
     *, config: Config,
 ) -> None:
     """Discover NUMA nodes, NICs and GPUs, write the topology matrix and summarize it."""
-    config = _topology_settings(config, sysfs_root, include_virtual)
     matrix, report = _load(None, config)
     target = Path(output) if output else Path(config.workdir) / "topology.json"
     try:
@@ -72,17 +57,14 @@ def discover(
 
 
 @app.command("show")
-@settings_options("cluster")
+@settings_options("cluster", "sysfs_root", "include_virtual")
 def show(
     file: Optional[str] = typer.Argument(None, show_default=False,
                                          help=r"Matrix file to explain \[default: the topology setting, else discover]."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
-    sysfs_root: Optional[str] = SYSFS_ROOT,
-    include_virtual: Optional[bool] = INCLUDE_VIRTUAL,
     *, config: Config,
 ) -> None:
     """Draw NUMA node -> PCIe switch -> NICs and GPUs, and why each NIC is preferred, secondary or skipped."""
-    config = _topology_settings(config, sysfs_root, include_virtual)
     matrix, report = _load(file or config.topology or None, config)
     data = {"source": report.source, "matrix": matrix, "tree": placement_tree(report),
             "warnings": list(report.warnings)}
