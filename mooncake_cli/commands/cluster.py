@@ -11,7 +11,7 @@ from daemons import supervisor
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
 from daemons.paths import ClusterPaths
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, stderr
+from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, show_progress, stderr
 from transfer.errors import MooncakeError
 
 
@@ -39,7 +39,11 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
     the ones already started are stopped and the failing daemon's log tail is shown.
     """
     try:
-        cluster = supervisor.up(config)
+        if show_progress():
+            with stderr.status(f"starting the cluster in {config.workdir} ..."):
+                cluster = supervisor.up(config)
+        else:
+            cluster = supervisor.up(config)
     except DaemonStartFailed as exc:
         stderr.print(f"[red]error:[/red] {exc.message}\n--- last lines of its log ---\n{exc.log_tail}",
                      highlight=False, markup=True)
