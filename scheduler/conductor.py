@@ -15,6 +15,7 @@ pulls those blocks and keeps them, and its store report makes it a holder of the
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass
 
 from scheduler.admission import DecodeForecast
@@ -25,6 +26,9 @@ from scheduler.errors import NoInstances, UnknownRequest
 from scheduler.instances import DecodeBatch, PrefillQueue
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
 from scheduler.types import REJECT_TBT, REJECT_TTFT, Decision, ScheduleRequest
+
+PREFILL_SAMPLES = 512  # recent worker timings the prefill model is fitted on
+PREFILL_REFIT = 64  # samples between refits: a fit costs ~100 us, a decision ~50 us
 
 
 @dataclass
@@ -48,7 +52,9 @@ class Conductor:
         # Only the auto threshold compares options on the transfer estimate, so only it learns.
         self.transfer_model.learn = self.cfg.threshold is None
         self.tbt_model = tbt_model or DecodeTbtModel()
-        self.forecast = DecodeForecast(self.cfg.decode_occupancy)
+        self.forecast = DecodeForecast()
+        self.prefill_samples: deque[tuple[int, int, float]] = deque(maxlen=PREFILL_SAMPLES)
+        self._since_refit = 0
         self.prefill: dict[str, PrefillQueue] = {}
         self.decode: dict[str, DecodeBatch] = {}
         self.inflight: dict[str, _InFlight] = {}
@@ -86,20 +92,19 @@ class Conductor:
         if cfg.ttft_slo > 0 and choice.ttft > cfg.ttft_slo:
             decision.reason = REJECT_TTFT
             return decision
-        decode_id, load = choose_decode(list(self.decode.values()), self.tbt_model, cfg.tbt_slo,
-                                        context, require_fit=cfg.admission == "early")
-        decision.decode_id, decision.decode_load = decode_id, load
         if cfg.admission == "predictive":
-            decision.decode_load = self.forecast.load_at(
-                now, now + choice.ttft, context, len(self.decode), self._mean_kv_capacity(),
-                self.tbt_model, cfg.tbt_slo)
+            decode_id, load = self.forecast.choose(self.decode, context, self.tbt_model, cfg.tbt_slo)
+        else:
+            decode_id, load = choose_decode(list(self.decode.values()), self.tbt_model, cfg.tbt_slo,
+                                            context, require_fit=cfg.admission == "early")
+        decision.decode_id, decision.decode_load = decode_id, load
         # "none" plans a decode instance but never refuses here: the paper's baseline, which
         # finds out only after prefill (admit_decode) that decode is full.
-        if decode_id is None or (cfg.admission == "predictive" and decision.decode_load > 1.0):
+        if decode_id is None:
             decision.reason = REJECT_TBT
             return decision
         self.prefill[choice.prefill_id].enqueue(request.request_id, choice.ttft - choice.t_queue, now)
-        self.forecast.prefill_planned(request.request_id, now + choice.ttft, context)
+        self.forecast.prefill_planned(request.request_id, decode_id, context)
         self.inflight[request.request_id] = _InFlight(choice.prefill_id, decode_id, context)
         return decision
 
@@ -118,13 +123,12 @@ class Conductor:
         flight = self._flight(request_id)
         decode_id, _ = choose_decode(list(self.decode.values()), self.tbt_model, self.cfg.tbt_slo,
                                      flight.context, require_fit=True, prefer=flight.decode_id)
+        self.forecast.landed(request_id)
         if decode_id is None:
-            self.forecast.dropped(request_id)
             del self.inflight[request_id]
             return None
         flight.decode_id, flight.decoding = decode_id, True
         self.decode[decode_id].admit(request_id, flight.context)
-        self.forecast.decode_started(request_id, now)
         return decode_id
 
     def decode_finished(self, request_id: str, now: float) -> None:
@@ -133,7 +137,25 @@ class Conductor:
             return
         if flight.decode_id in self.decode:
             self.decode[flight.decode_id].release(request_id)
-        self.forecast.decode_finished(request_id, now)
+
+    def observe_prefill(self, input_length: int, prefix_tokens: int, seconds: float) -> bool:
+        """A worker's measured prefill time; refits the prefill model every ``PREFILL_REFIT``
+        samples by least squares over the last ``PREFILL_SAMPLES``. True when it refitted.
+
+        Profiled coefficients drift from what the workers achieve (other kernels, other
+        hardware, a shifted length mix); the TTFT estimates, and so every choice, follow the
+        workers only if the model is refitted from what they report.
+        """
+        self.prefill_samples.append((input_length, prefix_tokens, seconds))
+        self._since_refit += 1
+        if self._since_refit < PREFILL_REFIT:
+            return False
+        self._since_refit = 0
+        try:
+            self.prefill_model = PrefillTimeModel.fit(self.prefill_samples)
+        except ValueError:
+            return False  # too uniform a sample to identify the curve: keep the old model
+        return True
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -142,7 +164,4 @@ class Conductor:
             return self.inflight[request_id]
         except KeyError:
             raise UnknownRequest(f"no request {request_id!r} in flight") from None
-
-    def _mean_kv_capacity(self) -> int:
-        return sum(d.kv_capacity for d in self.decode.values()) // max(len(self.decode), 1)
 

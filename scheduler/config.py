@@ -33,7 +33,6 @@ class SchedulerConfig:
     tbt_slo: float = 0.1  # 0: no TBT SLO
     bytes_per_token: int = 327680
     bandwidth: float = 12.5e9
-    decode_occupancy: float = 15.0
     transfers: bool = True  # False: cache_scope local, no prefix moves between instances
     seed: int = 0
 
@@ -57,7 +56,7 @@ class SchedulerConfig:
             threshold=threshold, policy=config.schedule_policy,
             admission=config.admission_policy, ttft_slo=config.ttft_slo, tbt_slo=config.tbt_slo,
             bytes_per_token=config.kv_bytes_per_token, bandwidth=float(config.kv_transfer_bandwidth),
-            decode_occupancy=config.decode_occupancy, transfers=config.cache_scope == "global",
+            transfers=config.cache_scope == "global",
         )
 
     def with_(self, **changes: Any) -> "SchedulerConfig":

@@ -39,7 +39,10 @@ class PrefillTimeModel:
             raise ValueError("need at least 3 samples to fit the prefill model")
         x = np.array([_prefill_features(n, p) for n, p, _ in samples])
         y = np.array([t for _, _, t in samples])
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+        if rank < x.shape[1]:
+            # Too few distinct (input, prefix) pairs: lstsq would invent a curve through them.
+            raise ValueError("prefill samples do not determine the model")
         return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]
 
 

@@ -65,7 +65,8 @@ def sim(
     Cost model (LLaMA-70B class on 8xA800 per instance): 320 KiB KV per token, 100 Gbps per node,
     prefill 20 ms + 1.12e-4 s/token + 2.1e-9 s per causal token pair, decode step 30 ms + 1.5 ms
     per sequence + 0.1 us per context token. Reports TTFT/TBT mean and percentiles, goodput
-    (requests within both SLOs), rejections, token hit rate and prefill GPU seconds.
+    (requests within both SLOs), rejections, token hit rate and prefill GPU seconds (and those
+    wasted on requests rejected at decode after their prefill).
     """
     try:
         base = SchedulerConfig.from_config(config)
@@ -119,15 +120,16 @@ def _render(data: dict) -> Table:
     title = (f"{data['trace']}: {data['prefill']}P+{data['decode']}D, x{data['speedup']:g}, "
              f"SLO TTFT {data['ttft_slo']:g}s TBT {data['tbt_slo'] * 1000:g}ms")
     # Short headers keep the table readable in 80 columns; units are in the caption.
-    numbers = [Column(h, no_wrap=True) for h in ("rej", "good", "TTFT", "TTFT99", "TBT", "TBT99", "hit", "GPU")]
+    numbers = [Column(h, no_wrap=True) for h in ("rej", "good", "TTFT", "TTFT99", "TBT", "TBT99", "hit", "GPU/waste")]
     table = Table(Column("run"), *numbers, title=title, caption_justify="left",
-                  caption="TTFT mean/p99 in s, TBT mean/p99 in ms, hit: token hit rate, GPU: prefill GPU s")
+                  caption="TTFT mean/p99 in s, TBT mean/p99 in ms, hit: token hit rate, GPU/waste: prefill GPU s, "
+                          "and of those spent on requests then rejected at decode")
     for run in data["runs"]:
         t, b = run["ttft"], run["tbt"]
         table.add_row(f"{run['policy']} {run['admission']}\n{run['threshold']} {run['scope']}",
                       str(run["rejected"]), str(run["goodput"]), _s(t["mean"]), _s(t["p99"]),
                       _ms(b["mean"]), _ms(b["p99"]), f"{run['hit_rate']:.0%}",
-                      f"{run['prefill_gpu_seconds']:.0f}")
+                      f"{run['prefill_gpu_seconds']:.0f}/{run['wasted_prefill_seconds']:.0f}")
     for row in data.get("capacity_sweep", []):
         capacity = "infinite" if row["capacity_tokens"] is None else f"{row['capacity_tokens']:,}"
         table.caption += f"\n{capacity} tokens of cache: hit rate {row['hit_rate']:.1%}"

@@ -145,7 +145,8 @@ class Simulator:
                                         transfer_seconds=job.transfer_seconds if job.transfer_tokens else None)
         decode_id = self.conductor.admit_decode(rid, now)
         if decode_id is None:
-            result.reasons[REJECT_DECODE] += 1  # its prefill was wasted
+            result.reasons[REJECT_DECODE] += 1
+            result.wasted_prefill_seconds += job.compute_seconds
             del self._ttft[job.request_index]
         else:
             request = self.requests[job.request_index]

@@ -27,6 +27,7 @@ class SimResult:
     input_tokens: int = 0  # of prefilled requests
     hit_tokens: int = 0
     prefill_compute_seconds: float = 0.0
+    wasted_prefill_seconds: float = 0.0  # computed for requests then rejected at decode
     transfer_seconds: float = 0.0
     transferred_tokens: int = 0
     evicted_blocks: int = 0
@@ -54,6 +55,7 @@ class SimResult:
             "tbt": distribution(self.tbt),
             "hit_rate": self.hit_rate,
             "prefill_gpu_seconds": self.prefill_compute_seconds,
+            "wasted_prefill_seconds": self.wasted_prefill_seconds,
             "transfer_seconds": self.transfer_seconds,
             "transferred_tokens": self.transferred_tokens,
             "evicted_blocks": self.evicted_blocks,

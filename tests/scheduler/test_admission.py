@@ -1,75 +1,117 @@
 """Early rejection versus prediction-based early rejection on a scripted arrival sequence.
 
-One prefill instance takes 1 s per request; one decode instance keeps TBT = 10 ms x batch within
-a 35 ms SLO, so it holds at most 3 sequences; each request occupies decode for t_d = 10 s.
+One prefill instance takes 1 s per request (TTFT SLO 4.5 s); one decode instance keeps
+TBT = 10 ms x batch within a 35 ms SLO, so it holds at most 3 sequences.
+
+Script: r0..r3 arrive at t=0; r0 leaves decode at 3.2; r4 arrives at 2.5 and r5 at 3.5. Every
+prefill that ends is offered to decode at once, and r1, r2 decode past the end of the script.
 """
 
 import pytest
 
-from scheduler.conductor import Conductor
+from scheduler.conductor import PREFILL_REFIT, Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel
 from scheduler.types import REJECT_TBT, ScheduleRequest
 
 
-def make(admission):
-    cfg = SchedulerConfig(block_tokens=100, admission=admission, ttft_slo=0.0, tbt_slo=0.035,
-                          decode_occupancy=10.0)
+def make(admission, decode=("D",), ttft_slo=4.5):
+    cfg = SchedulerConfig(block_tokens=100, admission=admission, ttft_slo=ttft_slo, tbt_slo=0.035)
     conductor = Conductor(cfg, prefill_model=PrefillTimeModel((1.0, 0.0, 0.0)),
                           tbt_model=DecodeTbtModel((0.0, 0.01, 0.0)))
     conductor.add_prefill("P")
-    conductor.add_decode("D", kv_capacity_tokens=1_000_000)
+    for name in decode:
+        conductor.add_decode(name, kv_capacity_tokens=1_000_000)
     return conductor
 
 
-def arrive(conductor, rid, now):
-    return conductor.schedule(ScheduleRequest(rid, [rid], 100, 10), now)
-
-
 def run_script(admission):
-    """Four arrivals at t=0, their prefills end at t=1, 2, 3, 4, one more arrival at t=10.5."""
+    """Returns each arrival's decision, and where each prefilled request went (None: rejected)."""
     conductor = make(admission)
-    decisions = {rid: arrive(conductor, rid, 0.0) for rid in ("r0", "r1", "r2", "r3")}
-    admitted = {}
-    for t, rid in enumerate(("r0", "r1", "r2", "r3"), start=1):
+    decisions, landed, prefilling = {}, {}, []
+    arrivals = [(0.0, "r0"), (0.0, "r1"), (0.0, "r2"), (0.0, "r3"), (2.5, "r4"), (3.5, "r5")]
+    clock, prefill_free = 0.0, 0.0
+
+    def land_until(t):
+        while prefilling and prefilling[0][0] <= t:
+            end, rid = prefilling.pop(0)
+            conductor.prefill_finished(rid, end)
+            landed[rid] = conductor.admit_decode(rid, end)
+
+    for at, rid in arrivals + [(10.0, None)]:
+        # r0 leaves decode at 3.2: process landings before it, the departure, then the rest.
+        if clock < 3.2 <= at:
+            land_until(3.2)
+            conductor.decode_finished("r0", 3.2)
+        land_until(at)
+        clock = at
+        if rid is None:
+            break
+        decisions[rid] = conductor.schedule(ScheduleRequest(rid, [rid], 100, 10), at)
         if decisions[rid].accepted:
-            conductor.prefill_finished(rid, float(t))
-            admitted[rid] = conductor.admit_decode(rid, float(t))
-    decisions["r4"] = arrive(conductor, "r4", 10.5)
-    return decisions, admitted
+            prefill_free = max(prefill_free, at) + 1.0
+            prefilling.append((prefill_free, rid))
+    return decisions, landed
 
 
-def test_predictive_sees_the_requests_already_in_prefill():
-    decisions, admitted = run_script("predictive")
-    # r3 would finish prefill at t=4 while r0..r2 still decode: 4 x 10 ms > 35 ms.
-    assert [d.accepted for d in decisions.values()] == [True, True, True, False, True]
+def rejected_at_arrival(decisions):
+    return [rid for rid, d in decisions.items() if not d.accepted]
+
+
+def rejected_at_decode(landed):
+    return [rid for rid, where in landed.items() if where is None]
+
+
+def test_no_admission_control_rejects_only_after_prefill():
+    decisions, landed = run_script("none")
+    assert rejected_at_arrival(decisions) == []
+    # Prefills end at 1..6. r3 lands at 4 after r0 left; r4 and r5 find r1, r2, r3 decoding.
+    assert landed == {"r0": "D", "r1": "D", "r2": "D", "r3": "D", "r4": None, "r5": None}
+
+
+def test_plain_early_rejection_admits_on_a_stale_view_and_wastes_prefill():
+    decisions, landed = run_script("early")
+    # At t=0 decode is empty and at 2.5/3.5 it holds two: every arrival passes, though the
+    # requests already in prefill will fill decode before r4 and r5 land.
+    assert rejected_at_arrival(decisions) == []
+    assert rejected_at_decode(landed) == ["r4", "r5"]  # two seconds of prefill wasted
+
+
+def test_prediction_counts_the_requests_already_in_prefill():
+    decisions, landed = run_script("predictive")
+    # r3 would join r0..r2, all planned onto D: 4 x 10 ms > 35 ms.
+    assert rejected_at_arrival(decisions) == ["r3", "r4"]
     assert decisions["r3"].reason == REJECT_TBT
     assert decisions["r3"].decode_load == pytest.approx(0.04 / 0.035)
-    assert admitted == {"r0": "D", "r1": "D", "r2": "D"}
-    # r4 ends prefill at 11.5; r0 (started 1) has left by then under t_d = 10 s.
-    assert decisions["r4"].decode_load == pytest.approx(0.03 / 0.035)
+    # r5 arrives after r0 left: r1, r2 decode and nothing else is planned, so it fits, and it
+    # starts prefill at once instead of behind doomed requests.
+    assert decisions["r5"].accepted and decisions["r5"].predicted_ttft == pytest.approx(1.0)
+    assert rejected_at_decode(landed) == []
+    assert landed["r5"] == "D"
 
 
-def test_plain_early_rejection_admits_on_a_stale_view_then_wastes_prefill():
-    decisions, admitted = run_script("early")
-    # At t=0 decode is empty, so all four pass; r3's prefill is wasted at decode.
-    assert [decisions[r].accepted for r in ("r0", "r1", "r2", "r3")] == [True] * 4
-    assert admitted == {"r0": "D", "r1": "D", "r2": "D", "r3": None}
-    # At t=10.5 decode still holds three sequences, so r4 is turned away though r0 leaves soon.
-    assert decisions["r4"].reason == REJECT_TBT
+def test_prediction_plans_each_request_on_the_instance_it_reserved():
+    conductor = make("predictive", decode=("D0", "D1"), ttft_slo=0.0)
+    plans = [conductor.schedule(ScheduleRequest(f"r{i}", [i], 100, 10), 0.0).decode_id
+             for i in range(7)]
+    # Nothing decodes yet; the planned requests alone alternate the instances until both hold 3.
+    assert plans == ["D0", "D1", "D0", "D1", "D0", "D1", None]
 
 
-def test_no_admission_control_accepts_everything_at_arrival():
-    decisions, admitted = run_script("none")
-    assert all(d.accepted for d in decisions.values())
-    assert admitted["r3"] is None
+def test_observed_prefill_times_refit_the_model():
+    conductor = make("none")
+    truth = PrefillTimeModel((0.05, 2e-4, 3e-9))
+    refits = []
+    for i in range(PREFILL_REFIT):
+        n, p = 1000 + 997 * i, (i % 4) * 512
+        refits.append(conductor.observe_prefill(n, p, truth.predict(n, p)))
+    assert refits == [False] * (PREFILL_REFIT - 1) + [True]
+    assert conductor.prefill_model.coef == pytest.approx(truth.coef, rel=1e-6)
 
 
-def test_learned_decode_occupancy_follows_observed_durations():
-    conductor = make("predictive")
-    arrive(conductor, "r0", 0.0)
-    conductor.prefill_finished("r0", 1.0)
-    conductor.admit_decode("r0", 1.0)
-    conductor.decode_finished("r0", 31.0)  # occupied decode for 30 s
-    assert conductor.forecast.occupancy == pytest.approx(10.0 + 0.05 * 20.0)
-    assert conductor.inflight == {} and conductor.decode["D"].batch == 0
+def test_uniform_samples_do_not_replace_the_model():
+    conductor = make("none")
+    before = conductor.prefill_model
+    for _ in range(PREFILL_REFIT):
+        conductor.observe_prefill(4096, 0, 0.5)
+    assert conductor.prefill_model is before

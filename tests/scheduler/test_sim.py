@@ -79,5 +79,6 @@ def test_decode_batch_shares_steps_and_full_decode_rejects_after_prefill():
     result = simulate(trace, cfg(tbt_slo=0.025), SimSetup(num_prefill=3, num_decode=1, cost=cost))
     # All three finish prefill at t=1; the decode instance fits two (20 ms <= 25 ms).
     assert result.reasons["reject_decode"] == 1
+    assert result.wasted_prefill_seconds == pytest.approx(1.0)  # the rejected one's prefill
     assert result.tbt == pytest.approx([0.02, 0.02])
     assert result.sim_seconds == pytest.approx(1.0 + 100 * 0.02)
