@@ -295,6 +295,22 @@ SETTINGS: tuple[Setting, ...] = (
        "Checksum every object on put and verify it on get."),
     _s("store", "offload_dir", "path", "",
        "Directory for the SSD tier (objects evicted from memory); empty disables it."),
+    # model: the torch model the prefill and decode workers run
+    _s("model", "model_dir", "path", "",
+       "Local Llama checkpoint (config.json + *.safetensors); empty: the tiny random model."),
+    _s("model", "model_dtype", "choice", "auto",
+       "Weights and KV dtype; auto: float32 for the tiny model, the checkpoint's own otherwise.",
+       choices=("auto", "float32", "bfloat16", "float16")),
+    _s("model", "model_seed", "int", 0,
+       "Seed of the tiny random model's weights (must match across workers).", minimum=0),
+    _s("model", "model_layers", "int", 4, "Decoder layers of the tiny random model.", minimum=1),
+    _s("model", "model_hidden_size", "int", 128, "Hidden size of the tiny random model.", minimum=2),
+    _s("model", "model_heads", "int", 4, "Attention heads of the tiny random model.", minimum=1),
+    _s("model", "model_kv_heads", "int", 2,
+       "KV heads of the tiny random model (grouped-query attention).", minimum=1),
+    _s("model", "kv_cache_size", "size", 64 * 2**20,
+       "Memory each worker gives its paged KV cache (pages of kv_block_tokens tokens).",
+       minimum=1),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS))

@@ -1,0 +1,31 @@
+"""The torch model the prefill and decode workers run, and its paged KV cache.
+
+A library: workers wrap it, nothing here opens sockets or reads settings on its own.
+
+    model = build_model(config)                           # or random_model / load_checkpoint
+    kv = KVCache(kv_layout(config, model), buffer=...)    # one tensor; register kv.numpy() once
+    pages = BlockManager(kv.layout.num_blocks, kv.layout.block_size)
+    runner = ModelRunner(model, kv)
+    runner.prefill(seq, on_layer_done=...)                # prefill worker
+    ContinuousBatcher(runner, pages, eos_token_id=...)    # decode worker
+"""
+
+from daemons.model.batcher import ContinuousBatcher, TokenEvent
+from daemons.model.block_manager import BlockManager
+from daemons.model.config import ModelConfig
+from daemons.model.errors import CheckpointError, KVCacheFull
+from daemons.model.from_settings import build_model, build_tokenizer, kv_layout
+from daemons.model.kv_cache import KVCache, KVCacheLayout
+from daemons.model.llama import LlamaModel, random_model
+from daemons.model.reference import generate_reference
+from daemons.model.runner import LayerDone, ModelRunner, reusable_blocks
+from daemons.model.sequence import Sequence
+from daemons.model.tokenizer import ByteTokenizer
+from daemons.model.weights import load_checkpoint, save_checkpoint
+
+__all__ = [
+    "BlockManager", "ByteTokenizer", "CheckpointError", "ContinuousBatcher", "KVCache", "KVCacheFull",
+    "KVCacheLayout", "LayerDone", "LlamaModel", "ModelConfig", "ModelRunner", "Sequence", "TokenEvent",
+    "build_model", "build_tokenizer", "generate_reference", "kv_layout", "load_checkpoint",
+    "random_model", "reusable_blocks", "save_checkpoint",
+]

@@ -1,0 +1,70 @@
+"""Continuous batching on a decode worker: who runs in the next step, and who leaves after it.
+
+Sequences arrive prefilled (KV of every token but the last in their pages, the last being the
+first generated token) and join between steps; each step decodes one token for every running
+sequence with greedy sampling; a sequence leaves as soon as it finishes and its pages go back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Hashable
+
+from daemons.model.block_manager import BlockManager
+from daemons.model.errors import KVCacheFull
+from daemons.model.runner import ModelRunner
+from daemons.model.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    seq_id: Hashable
+    token: int | None  # None when the sequence ended without a token (no page for it)
+    finish_reason: str | None
+
+
+class ContinuousBatcher:
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager, *, eos_token_id: int,
+                 max_batch_size: int = 64) -> None:
+        self.runner = runner
+        self.block_manager = block_manager
+        self.eos_token_id = eos_token_id
+        self.max_batch_size = max_batch_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    @property
+    def num_active(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a prefilled, unfinished sequence; it joins the batch at the next step with room."""
+        if seq.is_finished or seq.num_kv_tokens != len(seq) - 1:
+            raise ValueError(f"sequence {seq.seq_id!r} is not ready to decode")
+        self.waiting.append(seq)
+
+    def step(self) -> list[TokenEvent]:
+        """Decode one token for every running sequence; finished ones leave and free their pages."""
+        while self.waiting and len(self.running) < self.max_batch_size:
+            self.running.append(self.waiting.popleft())
+        events, batch = [], []
+        for seq in self.running:
+            try:
+                self.block_manager.allocate(seq)  # a page for the token about to be computed
+            except KVCacheFull:
+                # Without preemption a sequence that cannot grow must end; the worker reports it.
+                # Reserving prompt + max_tokens at admission avoids this altogether.
+                seq.finish_reason = "kv_cache_full"
+                events.append(TokenEvent(seq.seq_id, None, seq.finish_reason))
+                continue
+            batch.append(seq)
+        if batch:
+            logits = self.runner.decode(batch)
+            for seq, token in zip(batch, logits.argmax(dim=-1).tolist()):
+                seq.append(token, self.eos_token_id)
+                events.append(TokenEvent(seq.seq_id, token, seq.finish_reason))
+        for seq in [s for s in self.running if s.is_finished]:
+            self.block_manager.deallocate(seq)
+            self.running.remove(seq)
+        return events

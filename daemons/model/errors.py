@@ -1,0 +1,21 @@
+"""Errors of the model library (codes -1090..-1099, the model's slice of the daemons range)."""
+
+from __future__ import annotations
+
+from transfer.errors import MooncakeError
+
+
+class KVCacheFull(MooncakeError):
+    """Not enough free KV pages for what a sequence needs; the caller queues or rejects it."""
+
+    code, name = -1090, "KV_CACHE_FULL"
+
+    def __init__(self, needed: int, free: int) -> None:
+        self.needed, self.free = needed, free
+        super().__init__(f"KV cache full: {needed} pages needed, {free} free")
+
+
+class CheckpointError(MooncakeError):
+    """A model directory that is missing files, names another architecture or lacks weights."""
+
+    code, name = -1091, "CHECKPOINT_ERROR"

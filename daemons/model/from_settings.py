@@ -1,0 +1,32 @@
+"""The model and KV cache layout a worker builds from the settings registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemons.model.config import ModelConfig
+from daemons.model.kv_cache import KVCacheLayout
+from daemons.model.llama import LlamaModel, random_model
+from daemons.model.tokenizer import ByteTokenizer
+from daemons.model.weights import load_checkpoint
+
+
+def build_model(config: Any) -> LlamaModel:
+    """``config.model_dir``'s checkpoint, or the tiny random model the model_* settings describe."""
+    dtype = None if config.model_dtype == "auto" else config.model_dtype
+    if config.model_dir:
+        return load_checkpoint(config.model_dir, dtype)
+    tiny = ModelConfig.tiny(layers=config.model_layers, hidden_size=config.model_hidden_size,
+                            heads=config.model_heads, kv_heads=config.model_kv_heads,
+                            dtype=dtype or "float32")
+    return random_model(tiny, config.model_seed)
+
+
+def build_tokenizer(config: Any) -> ByteTokenizer | None:
+    """The byte tokenizer of the tiny model; None for a checkpoint, whose callers send token ids."""
+    return None if config.model_dir else ByteTokenizer()
+
+
+def kv_layout(config: Any, model: LlamaModel) -> KVCacheLayout:
+    """Pages of ``kv_block_tokens`` tokens filling ``kv_cache_size`` bytes."""
+    return KVCacheLayout.for_memory(model.config, config.kv_block_tokens, config.kv_cache_size)

@@ -1,0 +1,46 @@
+"""One request's state on a worker: its tokens, its pages and how far its KV reaches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+
+@dataclass
+class Sequence:
+    seq_id: Hashable
+    token_ids: list[int]
+    num_prompt_tokens: int
+    max_tokens: int
+    block_table: list[int] = field(default_factory=list)
+    # Leading tokens whose KV is in this worker's pages: loaded prefix blocks, then whatever
+    # prefill and decode have computed. The next forward pass starts here.
+    num_kv_tokens: int = 0
+    finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens), or a failure
+
+    @classmethod
+    def from_prompt(cls, seq_id: Hashable, prompt_tokens: list[int], max_tokens: int) -> "Sequence":
+        if not prompt_tokens:
+            raise ValueError("prompt_tokens must not be empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        return cls(seq_id, list(prompt_tokens), len(prompt_tokens), max_tokens)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token: int, eos_token_id: int) -> None:
+        """Add a sampled token; the sequence finishes on EOS (kept in the output) or at max_tokens."""
+        self.token_ids.append(token)
+        if token == eos_token_id:
+            self.finish_reason = "stop"
+        elif len(self.generated) >= self.max_tokens:
+            self.finish_reason = "length"
