@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable
 
+from scheduler.block_hash import BlockKey, prefix_block_keys
+
 
 @dataclass
 class Sequence:
@@ -36,6 +38,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    def block_keys(self, block_size: int, *, seed: int = 0, salt: bytes = b"") -> list[BlockKey]:
+        """Store keys of the prompt's full blocks: key i names the KV in ``block_table[i]``.
+        Generated tokens get no keys; their KV comes from decode and is never shared."""
+        return prefix_block_keys(self.token_ids[:self.num_prompt_tokens], block_size, seed=seed, salt=salt)
 
     def append(self, token: int, eos_token_id: int) -> None:
         """Add a sampled token; the sequence finishes on EOS (kept in the output) or at max_tokens."""

@@ -7,6 +7,7 @@ import torch
 
 from daemons.model import (BlockManager, ContinuousBatcher, KVCache, KVCacheLayout, ModelRunner,
                            Sequence, generate_reference, reusable_blocks)
+from scheduler.block_hash import prefix_block_keys
 from tests.model.conftest import BLOCK, prompt
 
 
@@ -38,6 +39,8 @@ def test_prefix_loaded_from_bytes_gives_bitwise_kv_and_same_tokens(model):
     # Every layer reports the same three new full blocks; the tail block has no key, so no store.
     assert layers_seen == [(layer, cold.block_table[:3]) for layer in range(model.config.num_layers)]
     stored = [cold_runner.kv_cache.export_block(b) for b in cold.block_table[:3]]
+    keys = cold.block_keys(BLOCK)
+    assert len(keys) == 3 and keys == prefix_block_keys(tokens, BLOCK)
 
     # A second worker with its pages in another order loads two blocks and computes the rest.
     warm_runner, warm_pages = _worker(model)
