@@ -23,6 +23,7 @@ class BufferDesc:
     length: int
     location: str
     shm_name: str | None = None
+    rkeys: tuple[tuple[str, int], ...] = ()  # (RDMA device, remote key) per device it is registered on
 
     @property
     def end(self) -> int:
@@ -36,6 +37,13 @@ class Endpoint:
     port: int
 
 
+@dataclass(frozen=True)
+class RdmaDeviceDesc:
+    name: str
+    lid: int
+    gid: str
+
+
 @dataclass
 class SegmentDescriptor:
     name: str
@@ -46,6 +54,7 @@ class SegmentDescriptor:
     buffers: list[BufferDesc] = field(default_factory=list)
     priority_matrix: dict[str, list[list[str]]] = field(default_factory=dict)
     version: int = 0
+    rdma_devices: list[RdmaDeviceDesc] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,9 +70,13 @@ class SegmentDescriptor:
                 endpoints=[Endpoint(str(e["nic"]), str(e["host"]), int(e["port"]))
                            for e in data.get("endpoints", [])],
                 buffers=[BufferDesc(int(b["address"]), int(b["length"]), str(b["location"]),
-                                    b.get("shm_name")) for b in data.get("buffers", [])],
+                                    b.get("shm_name"),
+                                    tuple((str(d), int(k)) for d, k in b.get("rkeys", ())))
+                         for b in data.get("buffers", [])],
                 priority_matrix=dict(data.get("priority_matrix", {})),
                 version=int(data.get("version", 0)),
+                rdma_devices=[RdmaDeviceDesc(str(d["name"]), int(d["lid"]), str(d["gid"]))
+                              for d in data.get("rdma_devices", [])],
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedMessage(f"malformed segment descriptor ({type(exc).__name__}: {exc})") from None

@@ -10,26 +10,38 @@ engine opens (RPC server, listeners, connections, shared-memory regions, threads
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import uuid
 from typing import Any
 
 import numpy as np
 
+from transfer import verbs_pyverbs
+from transfer.batch import OpCode, Slice, Task
 from transfer.batches import BatchMixin
+from transfer.cuda_memory import gpudirect_available
 from transfer.descriptor import SegmentDescriptor, local_host_id
+from transfer.device_memory import DeviceBuffer, device_buffer_of, view_address
 from transfer.engine_options import EngineOptions
-from transfer.errors import AddressNotRegistered, DeviceNotFound
-from transfer.memory import MemoryRegistry, RegisteredBuffer, as_byte_view
+from transfer.errors import AddressNotRegistered, DeviceNotFound, MemoryLockLimit
+from transfer.memory import MemoryRegistry, RegisteredBuffer, address_of, as_byte_view
 from transfer.metadata_client import EXCHANGE_OP, P2P, LocalMetadata, MasterMetadata, MetadataBackend, P2PMetadata
 from transfer.metadata_table import MetadataTable
 from transfer.paths import PathSet
+from transfer.rdma_handshake import CONNECT_OP
+from transfer.rdma_probe import open_devices
+from transfer.rdma_transport import RdmaTransport
 from transfer.rpc import Request, RpcServer
 from transfer.segments import SegmentCache
 from transfer.shm import SharedRegion, remove_orphans
 from transfer.shm_transport import ShmTransport
 from transfer.tcp_transport import TcpTransport
 from transfer.transport import Transport
+from transfer.verbs import Verbs, VerbsUnavailable
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # fallback reasons already logged by this process
 
 
 class TransferEngine(BatchMixin):
@@ -42,14 +54,18 @@ class TransferEngine(BatchMixin):
         host: str = "127.0.0.1",
         listen: list[tuple[str, str]] | None = None,
         topology: dict | None = None,
+        verbs: Verbs | None = None,
+        gpudirect: bool | None = None,
     ) -> None:
         """``metadata``: "P2PHANDSHAKE", a master's RPC address ("tcp://h:p"), a MetadataTable
         in this process, or any backend object. ``listen``: (NIC, address) pairs the TCP
         transport serves on (default: ``host`` as NIC "lo"). ``topology``: the matrix
-        ``{location: [[preferred NICs], [secondary NICs]]}`` (default: every listen NIC)."""
+        ``{location: [[preferred NICs], [secondary NICs]]}`` (default: every listen NIC).
+        ``verbs``: the RDMA provider (default: pyverbs, loaded only for protocol auto or rdma).
+        ``gpudirect``: whether the NICs can address GPU memory (default: probed)."""
         self.options = options or EngineOptions()
-        if self.options.protocol == "rdma":
-            raise DeviceNotFound("no RDMA device on this host (the rdma transport is not installed)")
+        self.rdma_unavailable = ""  # why this engine runs without RDMA although it may use it
+        rdma_devices = self._probe_rdma(verbs)
         remove_orphans()
         self.incarnation = uuid.uuid4().hex
         self.host_id = local_host_id()
@@ -70,6 +86,18 @@ class TransferEngine(BatchMixin):
         self.transports: list[Transport] = []
         if self.options.protocol in ("auto", "shm"):
             self.transports.append(ShmTransport(self.host_id, self, self.options.shm_copy_threads))
+        self._rdma: RdmaTransport | None = None
+        if rdma_devices:
+            self._rdma = RdmaTransport(
+                rdma_devices, lambda: (self.name, self.incarnation), self, self.topology,
+                slice_size=self.options.rdma_slice_size,
+                qps_per_endpoint=self.options.rdma_qps_per_endpoint,
+                pool_size=self.options.endpoint_pool_size,
+                handshake_timeout=self.options.handshake_timeout,
+                path_cooldown=self.options.path_cooldown,
+                gpudirect=gpudirect_available() if gpudirect is None else gpudirect)
+            self.transports.append(self._rdma)
+            self._rpc.register(CONNECT_OP, self._rdma.accept, blocking=True)
         if self.options.protocol in ("auto", "tcp"):
             self.transports.append(TcpTransport(
                 self.memory, lambda: (self.name, self.incarnation), self, self.paths,
@@ -81,6 +109,33 @@ class TransferEngine(BatchMixin):
         self._rpc.register(EXCHANGE_OP, self._exchange)
         self._rpc.start()
         self.version = self._metadata.publish(self.descriptor())
+
+    def _probe_rdma(self, verbs: Verbs | None) -> list:
+        """Usable RDMA devices; under ``auto`` none (and the reason kept) when RDMA is absent."""
+        if self.options.protocol not in ("auto", "rdma"):
+            return []
+        try:
+            return open_devices(verbs or verbs_pyverbs.load(), self.options.rdma_gid_index,
+                                self.options.rdma_mtu)
+        except VerbsUnavailable as exc:
+            if self.options.protocol == "rdma":
+                raise DeviceNotFound(str(exc)) from None
+            self._fall_back(str(exc))
+            return []
+
+    def _fall_back(self, reason: str) -> None:
+        self.rdma_unavailable = reason
+        if reason not in _warned:
+            _warned.add(reason)
+            log.warning("RDMA unavailable, transfers use TCP: %s", reason)
+
+    def status(self) -> dict:
+        """Which transports carry transfers, and why RDMA does not when it does not."""
+        rdma = self._rdma
+        return {"name": self.name, "protocol": self.options.protocol,
+                "transports": [t.name for t in self.transports if not getattr(t, "disabled", "")],
+                "rdma_devices": [d.name for d in rdma.device_descs()] if rdma else [],
+                "rdma_unavailable": self.rdma_unavailable}
 
     def _backend(self, metadata: Any) -> MetadataBackend:
         if isinstance(metadata, MetadataTable):
@@ -119,18 +174,55 @@ class TransferEngine(BatchMixin):
 
     def register_local_memory(self, buffer: Any, location: str = "cpu:0", *,
                               remote_accessible: bool = True, update_metadata: bool = True) -> int:
-        """Make ``buffer`` usable in transfers; returns its address. Overlaps are refused."""
-        view, address = as_byte_view(buffer)
-        self.memory.add(RegisteredBuffer(address, view.nbytes, location, view,
-                                         remote_accessible=remote_accessible))
+        """Make ``buffer`` usable in transfers; returns its address. Overlaps are refused.
+        GPU memory (torch CUDA tensors, cupy arrays) takes its ``cuda:N`` location from the
+        object; its address is the device pointer."""
+        device = device_buffer_of(buffer)
+        if device is not None:
+            address = self._register_device_memory(device, remote_accessible)
+        else:
+            view, address = as_byte_view(buffer)
+            self._add(RegisteredBuffer(address, view.nbytes, location, view,
+                                       remote_accessible=remote_accessible), address)
         if update_metadata:
             self._publish()
         return address
 
+    def _register_device_memory(self, device: DeviceBuffer, remote_accessible: bool) -> int:
+        """A pinned host mirror always (shm and TCP stage through it); the NIC addresses the GPU
+        directly under GPUDirect RDMA, else the mirror, which peers cannot reach: the buffer
+        is then published local-only."""
+        direct = self._rdma is not None and self._rdma.gpudirect
+        if remote_accessible and not direct:
+            log.warning("%s buffer at %#x is staged through pinned host memory and registered "
+                        "local-only: peers reach GPU memory only through GPUDirect RDMA",
+                        device.location, device.pointer)
+        mirror = device.pinned_host()
+        self._add(RegisteredBuffer(device.pointer, device.nbytes, device.location, mirror,
+                                   remote_accessible=remote_accessible and direct, device=device),
+                  device.pointer if direct else view_address(mirror))
+        return device.pointer
+
+    def _add(self, buffer: RegisteredBuffer, mr_address: int) -> None:
+        """Registry first (it refuses overlaps), then a memory region on every RDMA device."""
+        self.memory.add(buffer)
+        if self._rdma is None or self._rdma.disabled:
+            return
+        try:
+            buffer.rkeys = self._rdma.register(buffer.view, mr_address)
+        except MemoryLockLimit as exc:
+            if self.options.protocol == "rdma":
+                self.memory.remove(buffer.address)
+                raise
+            self._rdma.disable(str(exc))
+            self._fall_back(str(exc))
+
     def unregister_local_memory(self, buffer_or_address: Any, *, update_metadata: bool = True) -> None:
         address = (buffer_or_address if isinstance(buffer_or_address, int)
-                   else as_byte_view(buffer_or_address)[1])
-        self.memory.remove(address)
+                   else address_of(buffer_or_address))
+        buffer = self.memory.remove(address)
+        if self._rdma is not None and buffer.rkeys:
+            self._rdma.deregister(buffer.view)
         with self._lock:
             region = self._owned.pop(address, None)
         if region is not None:
@@ -145,7 +237,7 @@ class TransferEngine(BatchMixin):
                               length, create=True)
         view, address = as_byte_view(region.view)
         try:
-            self.memory.add(RegisteredBuffer(address, length, location, view, shm_name=region.name))
+            self._add(RegisteredBuffer(address, length, location, view, shm_name=region.name), address)
         except Exception:
             region.close()
             raise
@@ -167,7 +259,8 @@ class TransferEngine(BatchMixin):
             rpc_address=self.rpc_address,
             endpoints=tcp[0].endpoints() if tcp else [],
             buffers=[b.describe() for b in self.memory.all() if b.remote_accessible],
-            priority_matrix=self.topology, version=getattr(self, "version", 0))
+            priority_matrix=self.topology, version=getattr(self, "version", 0),
+            rdma_devices=rdma.device_descs() if (rdma := getattr(self, "_rdma", None)) else [])
 
     def open_segment(self, name: str) -> int:
         return self.segments.open(name)
@@ -192,6 +285,29 @@ class TransferEngine(BatchMixin):
         if peer:
             self.segments.learn(SegmentDescriptor.from_wire(peer))
         return self.descriptor().to_wire()
+
+    # -- GPU staging: device -> mirror before a WRITE leaves, mirror -> device after a READ ------
+
+    def _slices(self, task: Task, location: str, peer: SegmentDescriptor,
+                transport: Transport) -> list[Slice]:
+        pieces = super()._slices(task, location, peer, transport)
+        request = task.request
+        if request.opcode == OpCode.WRITE and location.startswith("cuda"):
+            buffer = self.memory.find(request.source, request.length)
+            if self._staged(buffer, transport):
+                buffer.device.to_host(buffer.view, request.source - buffer.address, request.length)
+        return pieces
+
+    def done(self, piece: Slice) -> None:
+        if piece.opcode == OpCode.READ and piece.location.startswith("cuda"):
+            buffer = self.memory.find(piece.task.request.source, piece.task.request.length)
+            if self._staged(buffer, piece.transport):
+                offset = view_address(piece.local) - view_address(buffer.view)
+                buffer.device.from_host(buffer.view, offset, piece.length)
+        super().done(piece)
+
+    def _staged(self, buffer: RegisteredBuffer, transport: Transport) -> bool:
+        return buffer.device is not None and not (transport is self._rdma and self._rdma.gpudirect)
 
     def _forget_peer(self, name: str) -> None:
         for transport in self.transports:

@@ -21,6 +21,10 @@ class EngineOptions:
     retry_count: int = 9
     path_cooldown: float = 30.0
     shm_copy_threads: int = 2
+    rdma_slice_size: int = 64 << 10
+    rdma_gid_index: int = -1
+    rdma_mtu: int = 0
+    rdma_qps_per_endpoint: int = 2
 
     @classmethod
     def from_config(cls, config: Config | None = None, **overrides: Any) -> "EngineOptions":

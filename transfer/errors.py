@@ -83,6 +83,12 @@ class AddressOverlapped(MooncakeError):
     code, name = -7, "ADDRESS_OVERLAPPED"
 
 
+class MemoryLockLimit(MooncakeError):
+    """Registering memory for RDMA would pass the locked-memory limit (``ulimit -l``)."""
+
+    code, name = -302, "MEMORY_LOCK_LIMIT"
+
+
 class SocketError(MooncakeError):
     code, name = -102, "SOCKET_ERROR"
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from transfer.descriptor import BufferDesc
+from transfer.device_memory import device_buffer_of
 from transfer.errors import AddressNotRegistered, AddressOverlapped, InvalidArgument
 
 
@@ -29,13 +30,15 @@ class RegisteredBuffer:
     view: memoryview  # flat, writable, format "B"
     shm_name: str | None = None  # set when the memory lives in a named shared-memory region
     remote_accessible: bool = True
+    device: Any = None  # a DeviceBuffer whose pinned host mirror ``view`` is
+    rkeys: tuple[tuple[str, int], ...] = ()  # set once the RDMA transport registered it
 
     @property
     def end(self) -> int:
         return self.address + self.length
 
     def describe(self) -> BufferDesc:
-        return BufferDesc(self.address, self.length, self.location, self.shm_name)
+        return BufferDesc(self.address, self.length, self.location, self.shm_name, self.rkeys)
 
 
 def as_byte_view(obj: Any) -> tuple[memoryview, int]:
@@ -72,11 +75,18 @@ def _torch_uint8() -> Any:
 
 
 def address_of(obj: Any, offset: int = 0) -> int:
-    """The address of byte ``offset`` of a buffer-like object (for building requests)."""
-    view, address = as_byte_view(obj)
-    if not 0 <= offset <= view.nbytes:
-        raise InvalidArgument(f"offset {offset} outside a buffer of {view.nbytes} bytes")
+    """The address of byte ``offset`` of a buffer-like object (for building requests); for GPU
+    memory, the device address."""
+    device = device_buffer_of(obj)
+    nbytes, address = (device.nbytes, device.pointer) if device else _host_extent(obj)
+    if not 0 <= offset <= nbytes:
+        raise InvalidArgument(f"offset {offset} outside a buffer of {nbytes} bytes")
     return address + offset
+
+
+def _host_extent(obj: Any) -> tuple[int, int]:
+    view, address = as_byte_view(obj)
+    return view.nbytes, address
 
 
 def as_array(view: memoryview) -> np.ndarray:
