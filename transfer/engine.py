@@ -233,7 +233,8 @@ class TransferEngine(BatchMixin):
     def allocate_shared_buffer(self, length: int, location: str = "cpu:0") -> np.ndarray:
         """Registered memory in a named shared-memory region, so same-host peers copy directly.
         Freed by ``unregister_local_memory`` or ``close``."""
-        region = SharedRegion(SharedRegion.owned_name(self.incarnation[:12], next(self._region_ids)),
+        region = SharedRegion(SharedRegion.owned_name(self.incarnation[:12], next(self._region_ids),
+                                                      self.options.shm_prefix),
                               length, create=True)
         view, address = as_byte_view(region.view)
         try:
@@ -275,6 +276,10 @@ class TransferEngine(BatchMixin):
 
     def sync_segment_cache(self, name: str | None = None) -> None:
         self.segments.sync(name)
+
+    def republish(self) -> None:
+        """Publish our descriptor again: after the metadata service restarted empty."""
+        self._publish()
 
     def _publish(self) -> None:
         self.version = self._metadata.publish(self.descriptor())

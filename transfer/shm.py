@@ -4,7 +4,9 @@ We use plain files rather than multiprocessing.shared_memory because Python 3.11
 tracker unlinks a region when *any* process that attached it exits, which would destroy a
 target's memory when an initiator goes away. Here exactly one owner creates and unlinks a
 region; peers only attach. The owner's pid is part of the name, so a later engine can remove
-regions whose owner died without cleaning up (killed with SIGKILL).
+regions whose owner died without cleaning up (killed with SIGKILL). An engine started by a
+cluster names its regions with the cluster's prefix instead of ``mooncake-te-`` (both have the
+form ``mooncake-<tag>-<pid>-...``), so `mooncake down` also finds what a killed daemon left.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 
 SHM_DIR = "/dev/shm"
 PREFIX = "mooncake-te-"
-_OWNED = re.compile(rf"^{PREFIX}(\d+)-")
+_OWNED = re.compile(r"^mooncake-[0-9A-Za-z]+-(\d+)-")
 
 
 class SharedRegion:
@@ -49,8 +51,8 @@ class SharedRegion:
         return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
 
     @staticmethod
-    def owned_name(tag: str, index: int) -> str:
-        return f"{PREFIX}{os.getpid()}-{tag}-{index}"
+    def owned_name(tag: str, index: int, prefix: str = PREFIX) -> str:
+        return f"{prefix}{os.getpid()}-{tag}-{index}"
 
     def close(self) -> None:
         """Unlink (owner) and unmap. A caller still holding an array over the memory keeps the
