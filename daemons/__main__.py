@@ -1,4 +1,4 @@
-"""Entry point of one daemon process: ``python -m daemons ROLE --name N --workdir W --cluster-id C``.
+"""Entry point of one daemon process: ``python -m daemons ROLE --name N --workdir W --cluster-id C [--port P]``.
 
 The supervisor (`mooncake up`) starts each daemon this way, with stdout and stderr going to the
 daemon's log file. Settings come from ``<workdir>/settings.yaml``, which `up` wrote after
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--cluster-id", required=True)
+    parser.add_argument("--port", type=int, default=0, help="control port (0: any free one)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = ClusterPaths.of(args.workdir)
     settings_file = paths.settings_file if paths.settings_file.exists() else None
     config = resolve({"workdir": str(paths.workdir)}, settings_file)
-    daemon = DAEMON_CLASSES[args.role](args.name, paths, config, args.cluster_id)
+    daemon = DAEMON_CLASSES[args.role](args.name, paths, config, args.cluster_id, args.port)
     return daemon.run()
 
 

@@ -29,7 +29,8 @@ class Daemon:
     role: ClassVar[str] = "daemon"
     tick_interval: ClassVar[float] = 0.5
 
-    def __init__(self, name: str, paths: ClusterPaths, config: Config, cluster_id: str) -> None:
+    def __init__(self, name: str, paths: ClusterPaths, config: Config, cluster_id: str,
+                 port: int = 0) -> None:
         self.name = name
         self.paths = paths
         self.config = config
@@ -37,7 +38,9 @@ class Daemon:
         self.started_at = time.time()
         self.stop_requested = threading.Event()
         self.server = RpcServer(
-            f"tcp://{config.bind_host}:*",
+            # Port 0 picks a free one; a restarted daemon asks for its old port so peers'
+            # sockets reconnect to it by themselves.
+            f"tcp://{config.bind_host}:{port or '*'}",
             max_message_size=config.rpc_max_message_size,
             handler_threads=config.rpc_handler_threads,
         )

@@ -2,6 +2,7 @@
 
     <workdir>/cluster.json          the cluster as `up` started it (id, daemons, addresses)
     <workdir>/settings.yaml         the effective settings `up` resolved; every daemon loads it
+    <workdir>/topology.json         the topology matrix `up` discovered (or loaded); engines use it
     <workdir>/run/<name>.pid        pid and process start time, written at spawn
     <workdir>/run/<name>.json       what the daemon bound (address), written once it serves
     <workdir>/run/<name>.exit       why the daemon stopped, when it could say so
@@ -35,6 +36,10 @@ class ClusterPaths:
         return self.workdir / "settings.yaml"
 
     @property
+    def topology_file(self) -> Path:
+        return self.workdir / "topology.json"
+
+    @property
     def run_dir(self) -> Path:
         return self.workdir / "run"
 
@@ -60,6 +65,11 @@ class ClusterPaths:
             return []
         pidfiles = sorted(self.run_dir.glob("*.pid"), key=lambda p: (p.stat().st_mtime_ns, p.name))
         return [p.stem for p in pidfiles]
+
+
+def shm_prefix(cluster_id: str) -> str:
+    """Every shared-memory region of a cluster starts with this, so `down` can find leftovers."""
+    return f"mooncake-{cluster_id}-"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

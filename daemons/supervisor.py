@@ -25,8 +25,9 @@ from typing import Any
 import psutil
 import yaml
 
+import topology
 from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStartFailed
-from daemons.paths import ClusterPaths, read_json, write_json_atomic
+from daemons.paths import ClusterPaths, read_json, shm_prefix, write_json_atomic
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
 from transfer.rpc import RpcClient
@@ -34,11 +35,6 @@ from transfer.settings import Config
 
 LOG_TAIL_LINES = 20
 SHM_DIR = Path("/dev/shm")
-
-
-def shm_prefix(cluster_id: str) -> str:
-    """Every shared-memory region of a cluster starts with this, so `down` can find leftovers."""
-    return f"mooncake-{cluster_id}-"
 
 
 @dataclass
@@ -129,10 +125,14 @@ def up(config: Config) -> dict[str, Any]:
     for directory in (paths.run_dir, paths.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    # Discovered once here (or loaded from --topology and checked), read by every daemon that
+    # owns a transfer engine, so they all pick paths from the same matrix.
+    matrix, _ = topology.load_or_discover(config.topology, config.sysfs_root, config.include_virtual)
+    topology.write_matrix(matrix, paths.topology_file)
     cluster_id = uuid.uuid4().hex[:8]
     started: list[DaemonSpec] = []
     try:
-        for spec in cluster_plan():
+        for spec in cluster_plan(config):
             _spawn(paths, spec, cluster_id)
             started.append(spec)
             _wait_healthy(paths, spec, time.monotonic() + config.start_timeout, config.rpc_timeout)
@@ -154,9 +154,28 @@ def up(config: Config) -> dict[str, Any]:
     return cluster
 
 
-def _spawn(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str) -> None:
+def restart(paths: ClusterPaths, name: str, config: Config) -> dict[str, Any]:
+    """Start one daemon of the running cluster again (after it died) on its old control port, so
+    the other daemons' sockets find it again by themselves. Returns its new announce record."""
+    cluster = cluster_info(paths)
+    record = read_json(paths.pidfile(name))
+    if record is None:
+        raise ClusterNotRunning(f"the cluster in {paths.workdir} has no daemon {name!r}")
+    if _process_if_alive(record) is not None:
+        raise ClusterAlreadyRunning(f"daemon {name!r} is still running (pid {record['pid']})")
+    old = read_json(paths.announce_file(name)) or {}
+    port = int(old["address"].rsplit(":", 1)[1]) if old.get("address") else 0
+    for stale in (paths.announce_file(name), paths.exit_file(name)):
+        stale.unlink(missing_ok=True)
+    spec = DaemonSpec(name, record["role"])
+    _spawn(paths, spec, cluster["cluster_id"], port)
+    _wait_healthy(paths, spec, time.monotonic() + config.start_timeout, config.rpc_timeout)
+    return read_json(paths.announce_file(name)) or {}
+
+
+def _spawn(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int = 0) -> None:
     command = [sys.executable, "-m", "daemons", spec.role, "--name", spec.name,
-               "--workdir", str(paths.workdir), "--cluster-id", cluster_id]
+               "--workdir", str(paths.workdir), "--cluster-id", cluster_id, "--port", str(port)]
     with open(paths.log_file(spec.name), "ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -225,6 +244,17 @@ def down(paths: ClusterPaths, grace: float) -> dict[str, Any]:
 
 
 def _stop(paths: ClusterPaths, names: list[str], grace: float) -> dict[str, Any]:
+    """Stop the named daemons in reverse start order: a store client unmounts from a master that
+    is still there, instead of waiting out its deadline against one that is gone."""
+    outcome: dict[str, list[str]] = {"stopped": [], "killed": []}
+    for name in reversed(names):
+        one = _stop_group(paths, [name], grace)
+        outcome["stopped"] += one["stopped"]
+        outcome["killed"] += one["killed"]
+    return {key: sorted(value) for key, value in outcome.items()}
+
+
+def _stop_group(paths: ClusterPaths, names: list[str], grace: float) -> dict[str, Any]:
     """SIGTERM the named daemons (and anything they spawned), SIGKILL what outlives the grace."""
     processes: dict[str, psutil.Process] = {}
     for name in names:

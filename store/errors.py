@@ -11,7 +11,7 @@ from __future__ import annotations
 from transfer.errors import InvalidArgument, MooncakeError, SegmentNotFound
 
 __all__ = [
-    "IllegalClient", "InvalidParams", "LeaseExpired", "MooncakeError", "NoAvailableHandle",
+    "ChecksumMismatch", "IllegalClient", "InvalidParams", "LeaseExpired", "MooncakeError", "NoAvailableHandle",
     "ObjectAlreadyExists", "ObjectHasLease", "ObjectNotFound", "ReplicaIsNotReady",
     "SegmentAlreadyExists", "SegmentNotFound", "StoreError",
 ]
@@ -72,3 +72,10 @@ class LeaseExpired(StoreError):
     """The read lease ran out before the copy finished; the bytes read may have been reused."""
 
     code, name = -707, "LEASE_EXPIRED"
+
+
+class ChecksumMismatch(StoreError):
+    """Every replica read back differs from the checksum taken at put: the bytes are not returned."""
+
+    # Mooncake has no such code (it does not checksum objects); -720 is outside its ranges.
+    code, name = -720, "CHECKSUM_MISMATCH"

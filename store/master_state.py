@@ -28,6 +28,7 @@ from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, 
                            ReplicaStatus, ReplicateConfig, SegmentState)
 from store.placement import placement_order
 from store.policy import StorePolicy
+from store.segment_journal import SegmentJournal
 from store.stats import MasterStats
 
 DEFAULT_CONFIG = ReplicateConfig()
@@ -46,6 +47,8 @@ class MasterState(Membership):
         # Set when a put had to evict: the next evict() makes headroom even below the watermark,
         # so the following puts do not each pay for eviction.
         self._need_eviction = False
+        # Per segment, the changes its owner has not seen yet (it re-reports them after a restart).
+        self.journal = SegmentJournal()
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,
@@ -84,6 +87,7 @@ class MasterState(Membership):
         obj = self._new_object(client_id, key, size, now, config, existing.replicas)
         for replica in obj.replicas:
             replica.status = ReplicaStatus.PROCESSING
+            self.journal.gone(replica.segment_id, key, replica.address)  # being overwritten
         self.objects[key] = obj
         self.stats.num_put_starts += 1
         return self._describe(obj)
@@ -96,6 +100,8 @@ class MasterState(Membership):
             return
         for replica in obj.replicas:
             replica.status = ReplicaStatus.COMPLETE
+            self.journal.completed(replica.segment_id, key, replica.address, obj.size, checksum,
+                                   obj.hard_pinned)
         obj.checksum = checksum
         obj.last_access = now
         if obj.soft_pin_ttl is not None:
@@ -318,6 +324,7 @@ class MasterState(Membership):
     def _drop(self, obj: ObjectMeta) -> None:
         for replica in obj.replicas:
             self.segments[replica.segment_id].allocator.free(replica.address)
+            self.journal.gone(replica.segment_id, obj.key, replica.address)
         del self.objects[obj.key]
         self.lru.pop(obj.key, None)
 

@@ -155,6 +155,7 @@ class Membership:
                 self.lru.pop(obj.key, None)
                 lost.append(obj.key)
         del self.segments[segment.segment_id]
+        self.journal.forget(segment.segment_id)
         client = self.clients.get(segment.client_id)
         if client is not None:
             client.segment_ids.remove(segment.segment_id)

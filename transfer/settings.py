@@ -277,6 +277,8 @@ SETTINGS: tuple[Setting, ...] = (
     # store: the Mooncake Store's master policy and store clients
     _s("store", "segment_size", "size", 2**30,
        "Bytes of memory each store client contributes to the pool as its segment.", minimum=0),
+    _s("store", "store_clients", "int", 1,
+       "Store-client daemons `mooncake up` starts, each contributing one segment.", minimum=0),
     _s("store", "lease_ttl", "duration", 10.0,
        "Read lease a get is granted: the object is not removed or evicted before it ends."),
     _s("store", "soft_pin_ttl", "duration", 30 * 60.0,

@@ -1,0 +1,22 @@
+"""A library store client for a process outside the cluster (the CLI, benchmarks, tests).
+
+It finds the master through ``<workdir>/cluster.json`` and uses the matrix `up` wrote, so its
+transfer engine picks the same paths as the daemons'.
+"""
+
+from __future__ import annotations
+
+import topology
+from daemons.paths import ClusterPaths, shm_prefix
+from daemons.supervisor import cluster_info, daemon_address
+from store.client import StoreClient
+from transfer.settings import Config
+
+
+def connect(config: Config, segment_size: int = 0) -> StoreClient:
+    """A client of the cluster in ``config.workdir``; with ``segment_size`` it also contributes
+    a segment (named with the cluster's shm prefix, so `down` removes it if we die)."""
+    paths = ClusterPaths.of(config.workdir)
+    matrix = topology.load_matrix(paths.topology_file) if paths.topology_file.exists() else None
+    return StoreClient(daemon_address(paths, "master"), config, segment_size=segment_size,
+                       topology=matrix, shm_prefix=shm_prefix(cluster_info(paths)["cluster_id"]))

@@ -1,0 +1,56 @@
+"""The store-client daemon: contributes a segment of ``segment_size`` to the pool and keeps it.
+
+A thin loop around :class:`store.client.StoreClient`: at start it loads the host's topology
+matrix (the one `mooncake up` wrote, else discovered now) for its transfer engine, puts its
+segment in a shared-memory region named with the cluster's prefix, and mounts it. Its tick pings
+the master every ``ping_interval`` (re-mounting and re-reporting its objects when told
+NEED_REMOUNT); SIGTERM unmounts the segment (its objects leave the pool) and frees the memory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import topology
+from daemons.base import Daemon
+from daemons.paths import read_json, shm_prefix
+from store.client import StoreClient
+
+
+class StoreClientDaemon(Daemon):
+    role = "store-client"
+    tick_interval = 0.05
+
+    def setup(self) -> None:
+        master = read_json(self.paths.announce_file("master"))
+        if not master:
+            raise RuntimeError("no master announced in this workdir: start the master first")
+        matrix_file = self.paths.topology_file
+        matrix, _ = topology.load_or_discover(
+            str(matrix_file) if matrix_file.exists() else self.config.topology,
+            self.config.sysfs_root, self.config.include_virtual)
+        self.client = StoreClient(master["address"], self.config, segment_size=self.config.segment_size,
+                                  heartbeat=False, topology=matrix, shm_prefix=shm_prefix(self.cluster_id),
+                                  client_id=f"{self.name}-{self.cluster_id}-{self.started_at:.0f}")
+        self.next_ping = 0.0
+        self.last_status = "OK"
+
+    def tick(self, now: float) -> None:
+        if now < self.next_ping:
+            return
+        interval = self.config.ping_interval
+        self.last_status = self.client.owner.heartbeat(timeout=max(interval, 0.5))
+        self.next_ping = time.monotonic() + interval
+
+    def teardown(self) -> None:
+        if hasattr(self, "client"):
+            self.client.close()
+
+    def describe(self) -> dict[str, Any]:
+        if not hasattr(self, "client"):
+            return {}
+        owner = self.client.owner
+        return {"client_id": self.client.client_id, "segment_id": owner.segment.segment_id,
+                "segment_size": owner.segment.size, "num_objects": len(owner.record),
+                "num_remounts": owner.num_remounts, "master_status": self.last_status}

@@ -1,0 +1,294 @@
+"""The store's library client: put and get objects, moving the bytes itself through the engine.
+
+    client = StoreClient("tcp://127.0.0.1:5555", config)
+    client.put("k", b"bytes")                 # PutStart -> WRITE to every replica -> PutEnd
+    client.get("k")                           # GetReplicaList (lease) -> READ -> verify
+    address = client.register_buffer(array)   # then put_from / get_into copy no extra time
+
+The master only hands out where replicas live; every byte moves between this process's
+registered memory and the replicas' segments through the transfer engine (shared memory for a
+segment on this host, TCP otherwise). A put is acknowledged only after every replica was written
+and the master marked it complete; any failure in between revokes it. A get verifies the
+object's checksum (xxh3-64, taken at put) and refuses bytes whose read lease ran out before the
+copy finished (LeaseExpired): after the lease the range may already hold another object.
+
+With ``segment_size > 0`` the client also contributes a segment (see :mod:`store.segment_owner`)
+and pings the master from a thread, unless ``heartbeat=False`` (the store-client daemon pings
+from its own loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from store.data_engine import open_engine
+from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError
+from store.master_client import MasterClient
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig
+from store.segment_owner import SegmentOwner
+from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
+from transfer.errors import TransferFailed, TransferTimeout
+from transfer.settings import Config, resolve
+
+
+def checksum_of(view: Any) -> int:
+    return xxhash.xxh3_64_intdigest(view)
+
+
+class StoreClient:
+    def __init__(self, master_address: str, config: Config | None = None, *, segment_size: int = 0,
+                 heartbeat: bool = True, topology: dict | None = None, shm_prefix: str | None = None,
+                 client_id: str | None = None) -> None:
+        self.config = config or resolve()
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout)
+        self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
+                                  shm_prefix=shm_prefix)
+        self.owner: SegmentOwner | None = None
+        self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
+        self._stop = threading.Event()
+        self._pinger: threading.Thread | None = None
+        try:
+            if segment_size:
+                self.owner = SegmentOwner(self.engine, self.master, segment_size)
+                if heartbeat:
+                    self._pinger = threading.Thread(target=self._ping_loop, daemon=True, name="store-ping")
+                    self._pinger.start()
+        except BaseException:
+            self.engine.close()
+            self.master.close()
+            raise
+
+    def close(self) -> None:
+        """Stop pinging, unmount our segment (its objects go), release the engine."""
+        self._stop.set()
+        if self._pinger is not None:
+            self._pinger.join(timeout=5)
+        if self.owner is not None:
+            try:
+                self.owner.unmount()
+            except MooncakeError:
+                pass  # the master is gone or already dropped us; the TTL cleans up
+        self.engine.close()
+        self.master.close()
+
+    def __enter__(self) -> "StoreClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _ping_loop(self) -> None:
+        interval = self.config.ping_interval
+        while not self._stop.wait(interval):
+            self.owner.heartbeat(timeout=max(interval, 0.5))
+
+    # -- memory ---------------------------------------------------------------------------------
+    def register_buffer(self, buffer: Any, location: str = "cpu:0") -> int:
+        """Register memory for put_from/get_into; returns its address (transfer.memory.address_of)."""
+        return self.engine.register_local_memory(buffer, location, remote_accessible=False,
+                                                 update_metadata=False)
+
+    def unregister_buffer(self, buffer_or_address: Any) -> None:
+        self.engine.unregister_local_memory(buffer_or_address, update_metadata=False)
+
+    def _staging(self, size: int) -> tuple[np.ndarray, int]:
+        held = getattr(self._local, "staging", None)
+        if held is None or held[0].nbytes < size:
+            if held is not None:
+                self.unregister_buffer(held[1])
+            array = np.empty(max(size, 1 << 16), dtype=np.uint8)
+            held = self._local.staging = (array, self.register_buffer(array))
+        return held
+
+    # -- puts -----------------------------------------------------------------------------------
+    def replicate_config(self, replicas: int | None = None, soft_pin: bool = False,
+                         soft_pin_ttl: float | None = None, hard_pin: bool = False,
+                         preferred_segments: tuple[str, ...] = ()) -> ReplicateConfig:
+        return ReplicateConfig(replicas or self.config.replicas, soft_pin, soft_pin_ttl, hard_pin,
+                               tuple(preferred_segments), host=self.engine.host_id)
+
+    def put(self, key: str, value: Any, *, upsert: bool = False, **replication: Any) -> None:
+        """Store ``value`` (any bytes-like object) under ``key``. ObjectAlreadyExists if taken
+        (use ``upsert=True`` to overwrite)."""
+        source = memoryview(value).cast("B")
+        staging, address = self._staging(source.nbytes)
+        staging[:source.nbytes] = np.frombuffer(source, dtype=np.uint8)
+        self.put_from(key, address, source.nbytes, upsert=upsert, **replication)
+
+    def put_from(self, key: str, address: int, size: int, *, upsert: bool = False,
+                 **replication: Any) -> None:
+        """Store ``size`` bytes of registered memory at ``address`` with no staging copy."""
+        result = self.batch_put_from([key], [address], [size], upsert=upsert, **replication)[0]
+        if isinstance(result, MooncakeError):
+            raise result
+
+    def batch_put(self, keys: list[str], values: list[Any], **kwargs: Any) -> list[MooncakeError | None]:
+        """Per key None (stored) or its error; values are staged in one buffer, moved in one batch."""
+        views = [memoryview(v).cast("B") for v in values]
+        staging, address = self._staging(sum(v.nbytes for v in views))
+        addresses, offset = [], 0
+        for view in views:
+            staging[offset:offset + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
+            addresses.append(address + offset)
+            offset += view.nbytes
+        return self.batch_put_from(keys, addresses, [v.nbytes for v in views], **kwargs)
+
+    def batch_put_from(self, keys: list[str], addresses: list[int], sizes: list[int], *,
+                       upsert: bool = False, **replication: Any) -> list[MooncakeError | None]:
+        if not len(keys) == len(addresses) == len(sizes):
+            raise InvalidParams("keys, addresses and sizes must have the same length")
+        for address, size in zip(addresses, sizes):
+            self.engine.check_address(address, max(size, 1))  # before the master allocates anything
+        checksums = [checksum_of(self.engine.buffer_at(a, n)) if self.config.checksum and n > 0 else None
+                     for a, n in zip(addresses, sizes)]
+        config = self.replicate_config(**replication)
+        started = self.master.batch_put_start(keys, sizes, config, upsert)
+        results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
+        writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
+        failed = self._move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes])
+        for (i, _), error in zip(writes, failed):
+            if error is not None and results[i] is None:
+                results[i] = error
+        done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
+        undo = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is not None]
+        if undo:
+            self.master.batch_put_revoke([keys[i] for i in undo])
+        if done:
+            for i, outcome in zip(done, self.master.batch_put_end([keys[i] for i in done],
+                                                                  [checksums[i] for i in done])):
+                results[i] = outcome
+        return results
+
+    # -- gets -----------------------------------------------------------------------------------
+    def get(self, key: str) -> bytearray:
+        result = self.batch_get([key])[0]
+        if isinstance(result, MooncakeError):
+            raise result
+        return result
+
+    def get_into(self, key: str, address: int, capacity: int) -> int:
+        """Read the object into registered memory at ``address``; returns its size."""
+        result = self.batch_get_into([key], [address], [capacity])[0]
+        if isinstance(result, MooncakeError):
+            raise result
+        return result
+
+    def batch_get(self, keys: list[str]) -> list[bytearray | MooncakeError]:
+        asked = time.monotonic()
+        lists = self.master.batch_get_replica_list(keys)
+        buffers: list[bytearray | None] = []
+        for item in lists:
+            buffers.append(None if isinstance(item, MooncakeError) else bytearray(item.size))
+        targets = [(i, b) for i, b in enumerate(buffers) if b is not None]
+        addresses = {i: self.register_buffer(b) for i, b in targets if len(b)}
+        try:
+            sizes = self._read(lists, {i: (addresses[i], len(buffers[i])) for i in addresses}, asked)
+        finally:
+            for address in addresses.values():
+                self.unregister_buffer(address)
+        return [s if isinstance(s, MooncakeError) else buffers[i] for i, s in enumerate(sizes)]
+
+    def batch_get_into(self, keys: list[str], addresses: list[int],
+                       capacities: list[int]) -> list[int | MooncakeError]:
+        asked = time.monotonic()
+        lists = self.master.batch_get_replica_list(keys)
+        return self._read(lists, {i: (a, c) for i, (a, c) in enumerate(zip(addresses, capacities))}, asked)
+
+    def _read(self, lists: list, targets: dict[int, tuple[int, int]], asked: float) -> list[int | MooncakeError]:
+        """Read each found object from its best replica, falling back replica by replica."""
+        results: list[int | MooncakeError] = [item if isinstance(item, MooncakeError) else item.size
+                                              for item in lists]
+        pending = {i: self._ordered(item.replicas) for i, item in enumerate(lists)
+                   if not isinstance(item, MooncakeError)}
+        for i in list(pending):
+            if lists[i].size > targets[i][1]:
+                results[i] = InvalidParams(f"{lists[i].key!r} has {lists[i].size} bytes; the buffer holds {targets[i][1]}")
+                del pending[i]
+        while pending:
+            attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
+            errors = self._move(OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in attempt])
+            for (i, _), error in zip(attempt, errors):
+                if error is None:
+                    error = self._verify(lists[i], targets[i][0], asked)
+                if error is None or not pending[i]:
+                    results[i] = error if error is not None else lists[i].size
+                    del pending[i]
+        return results
+
+    def _verify(self, replicas: ReplicaList, address: int, asked: float) -> MooncakeError | None:
+        if time.monotonic() > asked + replicas.lease_ttl:
+            return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
+        if (self.config.checksum and replicas.checksum is not None
+                and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
+            return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
+        return None
+
+    def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
+        """This host's replicas first (a shared-memory copy), then the others in master order."""
+        return sorted(replicas, key=lambda r: r.host != self.engine.host_id)
+
+    def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
+        """One engine batch; per move None or the error that ended it."""
+        results: list[MooncakeError | None] = [None] * len(moves)
+        requests, index = [], []
+        for n, (address, replica, size) in enumerate(moves):
+            if size == 0:
+                continue
+            try:
+                handle = self.engine.open_segment(replica.segment_name)
+            except MooncakeError as exc:
+                results[n] = exc
+                continue
+            requests.append(TransferRequest(opcode, address, handle, replica.address, size))
+            index.append(n)
+        if not requests:
+            return results
+        batch = self.engine.allocate_batch_id(len(requests))
+        try:
+            self.engine.submit_transfer(batch, requests)
+            self.engine.wait_batch(batch)
+            for k, n in enumerate(index):
+                status = self.engine.get_transfer_status(batch, k)
+                if status.status != Status.COMPLETED:
+                    results[n] = _transfer_error(status)
+        except MooncakeError as exc:
+            for n in index:
+                results[n] = results[n] or exc
+        finally:
+            try:
+                self.engine.free_batch_id(batch)
+            except MooncakeError:
+                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
+        return results
+
+    # -- the rest -------------------------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        return self.master.exists(key)
+
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        return self.master.batch_exists(keys)
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self.master.remove(key, force)
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list:
+        return self.master.batch_remove(keys, force)
+
+    def remove_all(self, force: bool = False) -> int:
+        return self.master.remove_all(force)
+
+    def get_replicas(self, key: str) -> ReplicaList:
+        """Where ``key`` lives; like a get, this takes a read lease on it."""
+        return self.master.get_replica_list(key)
+
+
+def _transfer_error(status: TransferStatus) -> MooncakeError:
+    cls = TransferTimeout if status.status == Status.TIMEOUT else TransferFailed
+    return cls(status.error or status.status.name)

@@ -1,0 +1,92 @@
+"""The master's store ops as typed Python calls (the client side of :mod:`daemons.master_store`).
+
+One :class:`transfer.rpc.RpcClient` underneath, so calls from many threads share one socket and
+may be in flight together. Errors come back as the store's typed exceptions; batch calls return,
+per item, the value or the error instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
+from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
+                        reported_to_wire, segment_to_wire)
+from transfer.rpc import RpcClient
+
+
+class MasterClient:
+    def __init__(self, address: str, client_id: str, timeout: float = 5.0) -> None:
+        self.address, self.client_id = address, client_id
+        self.rpc = RpcClient(address, timeout=timeout)
+
+    def close(self) -> None:
+        self.rpc.close()
+
+    def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        return self.rpc.call(f"store.{op}", args, timeout=timeout)
+
+    # -- writes --------------------------------------------------------------------------------
+    def put_start(self, key: str, size: int, config: ReplicateConfig, upsert: bool = False) -> list[ReplicaDescriptor]:
+        wire = self._call("upsert_start" if upsert else "put_start", client_id=self.client_id, key=key,
+                          size=size, config=config_to_wire(config))
+        return [descriptor_from_wire(r) for r in wire]
+
+    def put_end(self, key: str, checksum: int | None) -> None:
+        self._call("put_end", client_id=self.client_id, key=key, checksum=checksum)
+
+    def put_revoke(self, key: str) -> None:
+        self._call("put_revoke", client_id=self.client_id, key=key)
+
+    def batch_put_start(self, keys: list[str], sizes: list[int], config: ReplicateConfig,
+                        upsert: bool = False) -> list:
+        wire = self._call("batch_upsert_start" if upsert else "batch_put_start", client_id=self.client_id,
+                          keys=keys, sizes=sizes, config=config_to_wire(config))
+        return batch_from_wire(wire, lambda rs: [descriptor_from_wire(r) for r in rs])
+
+    def batch_put_end(self, keys: list[str], checksums: list[int | None]) -> list:
+        return batch_from_wire(self._call("batch_put_end", client_id=self.client_id, keys=keys,
+                                          checksums=checksums))
+
+    def batch_put_revoke(self, keys: list[str]) -> list:
+        return batch_from_wire(self._call("batch_put_revoke", client_id=self.client_id, keys=keys))
+
+    # -- reads and removal ---------------------------------------------------------------------
+    def get_replica_list(self, key: str) -> ReplicaList:
+        return replica_list_from_wire(self._call("get_replica_list", key=key))
+
+    def batch_get_replica_list(self, keys: list[str]) -> list:
+        return batch_from_wire(self._call("batch_get_replica_list", keys=keys), replica_list_from_wire)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call("exists", key=key))
+
+    def batch_exists(self, keys: list[str]) -> list[bool]:
+        return [bool(v) for v in self._call("batch_exists", keys=keys)]
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self._call("remove", key=key, force=force)
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list:
+        return batch_from_wire(self._call("batch_remove", keys=keys, force=force))
+
+    def remove_all(self, force: bool = False) -> int:
+        return int(self._call("remove_all", force=force))
+
+    def inspect(self, what: str = "counters", key: str | None = None) -> Any:
+        return self._call("inspect", what=what, **({"key": key} if key is not None else {}))
+
+    # -- segments and liveness (the segment owner's side) --------------------------------------
+    def mount_segment(self, segment: Segment) -> None:
+        self._call("mount_segment", client_id=self.client_id, segment=segment_to_wire(segment))
+
+    def unmount_segment(self, segment_id: str, timeout: float | None = None) -> list[str]:
+        return list(self._call("unmount_segment", timeout, client_id=self.client_id, segment_id=segment_id))
+
+    def remount(self, segments: list[Segment], objects: list[ReportedObject]) -> dict[str, list[str]]:
+        return self._call("remount", client_id=self.client_id,
+                          segments=[segment_to_wire(s) for s in segments],
+                          objects=[reported_to_wire(o) for o in objects])
+
+    def ping(self, acks: dict[str, int], timeout: float | None = None) -> dict:
+        return self._call("ping", timeout, client_id=self.client_id, acks=acks)

@@ -1,0 +1,68 @@
+"""What each segment's owner must learn so it can re-report its objects after a master restart.
+
+Objects are written into a segment by *other* clients; the owner never sees their puts. So the
+master keeps, per segment, the changes to its complete objects (completed, gone) that the owner
+has not acknowledged yet, and hands them out with the answer to the owner's ping. The owner
+applies them to its own record and acknowledges with the last sequence number it applied, which
+trims the log. After a restart the owner re-reports its record through ``remount``.
+
+Known gap: an object that completed after the owner's last ping is not yet in its record, so a
+master that dies within one ping interval of a PutEnd forgets that object (the bytes are intact;
+a writer that retries puts it again).
+
+Pure: the master state machine calls :meth:`completed` and :meth:`gone`; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SegmentChange:
+    seq: int
+    kind: str  # "complete" | "gone"
+    key: str
+    address: int
+    size: int = 0
+    checksum: int | None = None
+    hard_pinned: bool = False
+
+    def as_wire(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Log:
+    next_seq: int = 1
+    changes: list[SegmentChange] = field(default_factory=list)
+
+
+class SegmentJournal:
+    def __init__(self) -> None:
+        self._logs: dict[str, _Log] = {}
+
+    def completed(self, segment_id: str, key: str, address: int, size: int,
+                  checksum: int | None, hard_pinned: bool) -> None:
+        self._append(segment_id, "complete", key, address, size, checksum, hard_pinned)
+
+    def gone(self, segment_id: str, key: str, address: int) -> None:
+        self._append(segment_id, "gone", key, address)
+
+    def forget(self, segment_id: str) -> None:
+        """The segment was unmounted: its owner will not ask again."""
+        self._logs.pop(segment_id, None)
+
+    def since(self, segment_id: str, acknowledged: int) -> list[SegmentChange]:
+        """Drop what the owner acknowledged; return the rest, oldest first."""
+        log = self._logs.get(segment_id)
+        if log is None:
+            return []
+        log.changes = [c for c in log.changes if c.seq > acknowledged]
+        return list(log.changes)
+
+    def _append(self, segment_id: str, kind: str, key: str, address: int, size: int = 0,
+                checksum: int | None = None, hard_pinned: bool = False) -> None:
+        log = self._logs.setdefault(segment_id, _Log())
+        log.changes.append(SegmentChange(log.next_seq, kind, key, address, size, checksum, hard_pinned))
+        log.next_seq += 1

@@ -1,0 +1,148 @@
+"""The store's messages on the control plane: dataclasses to msgpack maps and back.
+
+Both ends use these, so the master daemon and the library client cannot disagree on a field.
+Decoding is strict: anything of the wrong shape raises :class:`InvalidParams`, which the master
+returns as an error reply (it never crashes on a peer's bad message). Batch answers carry, per
+item, ``{"ok": value}`` or ``{"error": {"code", "name", "message"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from store.errors import InvalidParams, MooncakeError
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
+from transfer.errors import error_from_wire
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParams(f"{what} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidParams(f"{what} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, what: str) -> list:
+    if not isinstance(value, list):
+        raise InvalidParams(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _map(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidParams(f"{what} must be a map, got {type(value).__name__}")
+    return value
+
+
+def arg(args: dict, name: str, kind: Callable[[Any, str], Any], default: Any = ...) -> Any:
+    """One request argument, type-checked; missing ones raise unless a default is given."""
+    if name not in args:
+        if default is ...:
+            raise InvalidParams(f"missing argument {name!r}")
+        return default
+    return kind(args[name], name)
+
+
+def str_arg(args: dict, name: str, default: Any = ...) -> str:
+    return arg(args, name, _str, default)
+
+
+def int_arg(args: dict, name: str, default: Any = ...) -> int:
+    return arg(args, name, _int, default)
+
+
+def bool_arg(args: dict, name: str, default: bool = False) -> bool:
+    return bool(args.get(name, default))
+
+
+def str_list_arg(args: dict, name: str) -> list[str]:
+    return [_str(v, name) for v in arg(args, name, _list)]
+
+
+def int_list_arg(args: dict, name: str) -> list[int]:
+    return [_int(v, name) for v in arg(args, name, _list)]
+
+
+def optional_int(value: Any, what: str) -> int | None:
+    return None if value is None else _int(value, what)
+
+
+# -- dataclasses -------------------------------------------------------------------------------
+
+def config_to_wire(config: ReplicateConfig) -> dict:
+    return {"replica_num": config.replica_num, "soft_pin": config.soft_pin,
+            "soft_pin_ttl": config.soft_pin_ttl, "hard_pin": config.hard_pin,
+            "preferred_segments": list(config.preferred_segments), "host": config.host}
+
+
+def config_from_wire(data: Any) -> ReplicateConfig:
+    data = _map(data, "config")
+    ttl = data.get("soft_pin_ttl")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
+        raise InvalidParams("soft_pin_ttl must be a number")
+    return ReplicateConfig(
+        replica_num=int_arg(data, "replica_num", 1), soft_pin=bool_arg(data, "soft_pin"),
+        soft_pin_ttl=ttl, hard_pin=bool_arg(data, "hard_pin"),
+        preferred_segments=tuple(_str(s, "preferred_segments") for s in data.get("preferred_segments", [])),
+        host=str_arg(data, "host", ""))
+
+
+def segment_to_wire(segment: Segment) -> dict:
+    return dict(segment.__dict__)
+
+
+def segment_from_wire(data: Any) -> Segment:
+    data = _map(data, "segment")
+    return Segment(str_arg(data, "segment_id"), str_arg(data, "name"), int_arg(data, "base"),
+                   int_arg(data, "size"), str_arg(data, "endpoint", ""), str_arg(data, "host", ""))
+
+
+def reported_to_wire(report: ReportedObject) -> dict:
+    return dict(report.__dict__)
+
+
+def reported_from_wire(data: Any) -> ReportedObject:
+    data = _map(data, "object")
+    return ReportedObject(str_arg(data, "key"), str_arg(data, "segment_id"), int_arg(data, "address"),
+                          int_arg(data, "size"), optional_int(data.get("checksum"), "checksum"),
+                          bool_arg(data, "hard_pinned"))
+
+
+def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
+    data = _map(data, "replica")
+    return ReplicaDescriptor(str_arg(data, "segment_id"), str_arg(data, "segment_name"),
+                             str_arg(data, "endpoint"), str_arg(data, "host"),
+                             int_arg(data, "address"), int_arg(data, "size"))
+
+
+def descriptors_to_wire(replicas: list[ReplicaDescriptor]) -> list[dict]:
+    return [dict(r.__dict__) for r in replicas]
+
+
+def replica_list_to_wire(replicas: ReplicaList) -> dict:
+    return {"key": replicas.key, "size": replicas.size, "lease_ttl": replicas.lease_ttl,
+            "checksum": replicas.checksum, "replicas": descriptors_to_wire(replicas.replicas)}
+
+
+def replica_list_from_wire(data: Any) -> ReplicaList:
+    data = _map(data, "replica list")
+    return ReplicaList(str_arg(data, "key"), int_arg(data, "size"),
+                       [descriptor_from_wire(r) for r in _list(data.get("replicas"), "replicas")],
+                       float(data.get("lease_ttl", 0.0)), optional_int(data.get("checksum"), "checksum"))
+
+
+# -- batch answers -------------------------------------------------------------------------------
+
+def batch_to_wire(results: list, encode: Callable[[Any], Any] = lambda v: v) -> list[dict]:
+    return [{"error": r.to_wire()} if isinstance(r, MooncakeError) else {"ok": encode(r)}
+            for r in results]
+
+
+def batch_from_wire(items: list, decode: Callable[[Any], Any] = lambda v: v) -> list:
+    """Per item the decoded value or the typed error instance (not raised)."""
+    return [error_from_wire(i["error"]) if "error" in i else decode(i["ok"]) for i in items]
