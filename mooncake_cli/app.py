@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import bench, bench_sched, bench_transfer, cluster, config, sim, topo
+from mooncake_cli.commands import (bench, bench_sched, bench_store, bench_transfer, cluster, config, inspect,
+                                   sim, store, topo)
 
 app = typer.Typer(
     name="mooncake",
@@ -19,9 +20,12 @@ cluster.register(app)
 config.register(app)
 topo.register(app)
 sim.register(app)
+store.register(app)
+inspect.register(app)
 app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)
+bench.app.command("store")(bench_store.store)
 
 
 def main() -> None:

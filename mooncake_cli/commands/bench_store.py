@@ -1,0 +1,84 @@
+"""`mooncake bench store`: put/get GB/s, ops/s and p50/p99 for the two segment placements."""
+
+from __future__ import annotations
+
+import tempfile
+
+import typer
+from rich.table import Table
+
+from daemons import supervisor
+from daemons.paths import ClusterPaths
+from daemons.store_access import connect
+from mooncake_cli.options import Config, settings_options
+from mooncake_cli.output import JSON_HELP, emit, stderr
+from store.bench import run_size
+from transfer.settings import parse_size
+
+SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
+
+
+@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size")
+def store(
+    sizes: str = typer.Option(",".join(SIZES), help="Comma-separated value sizes."),
+    batch: int = typer.Option(32, min=1, help="Objects per batch call."),
+    duration: float = typer.Option(1.0, min=0.05, help="Seconds per cell at most."),
+    budget: str = typer.Option("256MiB", help="Bytes of objects one cell writes at most."),
+    use_running: bool = typer.Option(False, "--use-running", help="Benchmark the cluster in "
+                                     "--workdir instead of starting (and stopping) a fresh one."),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+    *,
+    config: Config,
+) -> None:
+    """Put and get GB/s, ops/s and p50/p99, single and batch, in two segment placements.
+
+    `remote`: the segment is a store-client daemon's, another process on this host (shared
+    memory). `local`: the segment belongs to this benchmarking process."""
+    try:
+        values = [parse_size(s) for s in sizes.split(",")]
+        limit = parse_size(budget)
+    except ValueError:
+        raise typer.BadParameter("--sizes and --budget take byte counts such as 4KiB,1MiB") from None
+    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as scratch:
+        if not use_running:
+            config = config.replace(workdir=scratch, segment_size=max(config.segment_size, 2 * limit))
+            supervisor.up(config)
+        paths = ClusterPaths.of(config.workdir)
+        try:
+            cells = _run(config, values, batch, duration, limit)
+        finally:
+            if not use_running:
+                supervisor.down(paths, config.stop_grace)
+    rows = [c.as_dict() for c in cells]
+
+    def render(data: list[dict]) -> Table:
+        table = Table("segment", "op", "mode", "size", "GB/s", "ops/s", "p50 µs", "p99 µs",
+                      title="mooncake bench store (p50/p99 per call: one object, or one batch)")
+        for r in data:
+            table.add_row(r["topology"], r["op"], f"{r['mode']}×{r['batch']}" if r["mode"] == "batch" else r["mode"],
+                          _size(r["size"]), f"{r['gbps']:.2f}", f"{r['ops_per_s']:,.0f}",
+                          f"{r['p50_us']:.0f}", f"{r['p99_us']:.0f}")
+        return table
+
+    emit(rows, json_output, render)
+
+
+def _run(config: Config, sizes: list[int], batch: int, duration: float, limit: int) -> list:
+    cells = []
+    with connect(config, segment_size=2 * limit) as client:
+        own = client.owner.segment.segment_id
+        others = [s["segment_id"] for s in client.master.inspect("segments") if s["segment_id"] != own]
+        placements = [("remote", others[0])] if others else []
+        if not others:
+            stderr.print("note: the cluster has no store-client daemon; only `local` is measured")
+        for topology, segment_id in [*placements, ("local", own)]:
+            for size in sizes:
+                cells += run_size(client, topology, segment_id, size, batch, duration, limit)
+    return cells
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20}MiB" if n >= 2**20 else f"{n >> 10}KiB" if n >= 1024 else f"{n}B"
+
+
+__all__ = ["store"]

@@ -1,0 +1,99 @@
+"""The store benchmark's measurements: put and get, single and batch, over the zero-copy API.
+
+Each cell moves values of one size from (or into) memory registered once with the client, the
+way a serving engine uses the store (Mooncake's put_from/get_into and their batch forms), so it
+measures the store (two master round trips per put, one per get, the engine's copy) and not
+Python allocating buffers. A cell runs for ``duration`` seconds or until the keys it may use fill
+``budget`` bytes, whichever comes first; the gets then read the keys the puts wrote. Objects are
+removed after each size, so every cell starts with the same free pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from store.client import StoreClient
+from store.errors import MooncakeError
+from transfer.memory import address_of
+
+
+@dataclass
+class Cell:
+    topology: str
+    op: str  # put | get
+    mode: str  # single | batch
+    size: int
+    batch: int
+    ops: int
+    seconds: float
+    p50_us: float  # per call: one object (single) or one batch
+    p99_us: float
+
+    @property
+    def gbps(self) -> float:
+        return self.ops * self.size / self.seconds / 1e9
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "gbps": self.gbps, "ops_per_s": self.ops_per_s}
+
+
+def run_size(client: StoreClient, topology: str, segment_id: str, size: int, batch: int,
+             duration: float, budget: int) -> list[Cell]:
+    """put/get single, then put/get batch, for one value size; leaves the pool as it found it."""
+    cells = []
+    count = max(1, budget // size)
+    per_batch = max(1, min(batch, count))
+    source = np.frombuffer(np.random.default_rng(size).bytes(size * per_batch), dtype=np.uint8).copy()
+    sink = np.empty(size * per_batch, dtype=np.uint8)
+    client.register_buffer(source)
+    client.register_buffer(sink)
+    try:
+        for mode, n in (("single", 1), ("batch", per_batch)):
+            keys = [f"bench-{uuid.uuid4().hex[:8]}-{i}" for i in range(count - count % n)]
+            groups = [keys[i:i + n] for i in range(0, len(keys), n)]
+            sources = [address_of(source, i * size) for i in range(n)]
+            sinks = [address_of(sink, i * size) for i in range(n)]
+            put_cell, written = _measure(groups, duration, lambda g: client.batch_put_from(
+                g, sources[:len(g)], [size] * len(g), preferred_segments=(segment_id,)))
+            cells.append(Cell(topology, "put", mode, size, n, *put_cell))
+            readable = groups[:written] or groups[:1]
+            get_cell, _ = _measure(itertools.islice(itertools.cycle(readable), 10**9), duration,
+                                   lambda g: client.batch_get_into(g, sinks[:len(g)], [size] * len(g)))
+            cells.append(Cell(topology, "get", mode, size, n, *get_cell))
+            if not np.array_equal(sink[:size], source[:size]):
+                raise AssertionError("a get returned bytes that differ from what was put")
+            client.remove_all(force=True)
+    finally:
+        client.unregister_buffer(source)
+        client.unregister_buffer(sink)
+    return cells
+
+
+def _measure(groups, duration: float, call) -> tuple[tuple[int, float, float, float], int]:
+    """Run ``call`` per group until the groups or the time run out. Raises on any failed item."""
+    latencies, ops, calls = [], 0, 0
+    start = time.perf_counter()
+    end = start + duration
+    for group in groups:
+        t0 = time.perf_counter()
+        results = call(group)
+        latencies.append(time.perf_counter() - t0)
+        failed = [r for r in results if isinstance(r, MooncakeError)]
+        if failed:
+            raise failed[0]
+        ops += len(group)
+        calls += 1
+        if t0 >= end:
+            break
+    seconds = time.perf_counter() - start
+    lat = np.array(latencies) * 1e6
+    return (ops, seconds, float(np.percentile(lat, 50)), float(np.percentile(lat, 99))), calls
