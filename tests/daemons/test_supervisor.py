@@ -26,7 +26,7 @@ def pids_of(status: dict) -> list[int]:
 
 def test_up_status_down_leaves_nothing_behind(mooncake):
     cluster = mooncake.json("up")
-    assert [d["role"] for d in cluster["daemons"]] == ["master"]
+    assert [d["role"] for d in cluster["daemons"]] == ["master", "store-client"]
     written = json.loads((mooncake.workdir / "cluster.json").read_text())
     assert written["daemons"][0]["address"] == cluster["daemons"][0]["address"]
     assert written["daemons"][0]["address"].startswith("tcp://127.0.0.1:")
@@ -80,7 +80,8 @@ def test_second_up_refuses_and_keeps_the_running_cluster(mooncake):
 
 def test_up_after_a_crash_cleans_stale_records_and_starts_fresh(mooncake):
     crashed = mooncake.json("up")
-    os.kill(crashed["daemons"][0]["pid"], signal.SIGKILL)
+    for daemon in crashed["daemons"]:
+        os.kill(daemon["pid"], signal.SIGKILL)
     wait_until(lambda: mooncake("status").returncode == 1)
     fresh = mooncake.json("up")
     assert fresh["cluster_id"] != crashed["cluster_id"]

@@ -1,0 +1,66 @@
+"""Malformed and hostile requests to a real master: each gets an error, and it keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from daemons.supervisor import daemon_address
+from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
+from store_cluster import FAST, client_for, paths_of
+from transfer.errors import UnknownOperation
+from transfer.rpc import RpcClient
+
+
+def test_bad_requests_get_errors_and_the_master_keeps_serving(mooncake):
+    assert mooncake("up", env=FAST).returncode == 0
+    address = daemon_address(paths_of(mooncake.workdir), "master")
+
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(address)
+    raw.send_multipart([b"\xc1 not msgpack"])
+    assert raw.poll(5000) and b"MALFORMED" in raw.recv_multipart()[0]
+    raw.close()
+
+    with RpcClient(address, timeout=5) as rpc:
+        with pytest.raises(UnknownOperation):
+            rpc.call("store.no_such_op")
+        bad = [
+            ("store.put_start", {"client_id": "c", "key": "k", "size": -1}),
+            ("store.put_start", {"client_id": "c", "key": "", "size": 10}),
+            ("store.put_start", {"client_id": "c", "key": "k" * 2**20, "size": 10}),
+            ("store.put_start", {"client_id": "c", "key": "k", "size": "ten"}),
+            ("store.put_start", {"client_id": "", "key": "k", "size": 10}),
+            ("store.put_start", {"client_id": "c", "key": "k", "size": 10, "config": {"replica_num": 0}}),
+            ("store.put_start", {"client_id": "c", "key": "k", "size": 10, "config": "nope"}),
+            ("store.batch_put_start", {"client_id": "c", "keys": ["a", "b"], "sizes": [1]}),
+            ("store.get_replica_list", {}),
+            ("store.mount_segment", {"client_id": "c", "segment": {"segment_id": "s", "name": "n",
+                                                                  "base": -5, "size": 10}}),
+            ("store.ping", {"client_id": "c", "acks": ["not", "a", "map"]}),
+            ("store.remount", {"client_id": "c", "segments": "x", "objects": []}),
+            ("store.inspect", {"what": "everything"}),
+        ]
+        for op, args in bad:
+            with pytest.raises(InvalidParams):
+                rpc.call(op, args)
+        with pytest.raises(NoAvailableHandle):  # huge but well-formed: no segment can hold it
+            rpc.call("store.put_start", {"client_id": "c", "key": "huge", "size": 2**62})
+        with pytest.raises(InvalidParams):  # no replica count this large can be placed
+            rpc.call("store.put_start", {"client_id": "c", "key": "k", "size": 2**64 - 1,
+                                         "config": {"replica_num": -(2**63)}})
+
+    with client_for(mooncake.workdir) as writer, client_for(mooncake.workdir) as intruder:
+        replicas = writer.master.put_start("mine", 64, writer.replicate_config())
+        assert replicas
+        with pytest.raises(IllegalClient):
+            intruder.master.put_end("mine", None)
+        with pytest.raises(IllegalClient):
+            intruder.master.put_revoke("mine")
+        writer.master.put_revoke("mine")
+        writer.put("still-serving", b"yes")
+        assert bytes(intruder.get("still-serving")) == b"yes"
+        with pytest.raises(MooncakeError):
+            writer.put("", b"x")
+    assert mooncake.json("status", env=FAST)["healthy"] is True
