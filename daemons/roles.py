@@ -5,16 +5,30 @@ A role joins the plan only once it does real work (each gains its function in it
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from daemons.base import Daemon
 from daemons.master import MasterDaemon
 from daemons.store_client import StoreClientDaemon
 from transfer.settings import Config
 
-DAEMON_CLASSES: dict[str, type[Daemon]] = {
+
+def _imported_at_start(module: str, name: str) -> Callable[..., Daemon]:
+    """A daemon class imported only when the daemon starts: the serving daemons import torch,
+    which every `mooncake` command (they all import this table) would otherwise pay for."""
+    def start(*args: Any) -> Daemon:
+        return getattr(importlib.import_module(module), name)(*args)
+    return start
+
+
+DAEMON_CLASSES: dict[str, Callable[..., Daemon]] = {
     MasterDaemon.role: MasterDaemon,
     StoreClientDaemon.role: StoreClientDaemon,
+    "conductor": _imported_at_start("daemons.conductor", "ConductorDaemon"),
+    "prefill": _imported_at_start("daemons.prefill_worker", "PrefillWorkerDaemon"),
+    "decode": _imported_at_start("daemons.decode_worker", "DecodeWorkerDaemon"),
 }
 
 
@@ -27,4 +41,9 @@ class DaemonSpec:
 def cluster_plan(config: Config) -> list[DaemonSpec]:
     """The daemons of a single-host cluster, in start order (later ones may need earlier ones)."""
     store_clients = [DaemonSpec(f"store-client-{i}", "store-client") for i in range(config.store_clients)]
-    return [DaemonSpec("master", "master"), *store_clients]
+    # The conductor before the workers (each registers with it while it starts); none of the
+    # three when no worker is wanted, e.g. a store-only cluster.
+    workers = [*(DaemonSpec(f"prefill-{i}", "prefill") for i in range(config.prefill_workers)),
+               *(DaemonSpec(f"decode-{i}", "decode") for i in range(config.decode_workers))]
+    serving = [DaemonSpec("conductor", "conductor"), *workers] if workers else []
+    return [DaemonSpec("master", "master"), *store_clients, *serving]

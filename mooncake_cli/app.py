@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import (bench, bench_sched, bench_store, bench_transfer, cluster, config, inspect,
-                                   sim, store, topo)
+from mooncake_cli.commands import (bench, bench_sched, bench_store, bench_transfer, cluster, config, generate,
+                                   inspect, sim, store, topo)
 
 app = typer.Typer(
     name="mooncake",
@@ -22,6 +22,7 @@ topo.register(app)
 sim.register(app)
 store.register(app)
 inspect.register(app)
+app.command("generate")(generate.generate)
 app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)

@@ -20,6 +20,8 @@ class Mooncake:
         self.workdir = workdir
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
         self.env["MOONCAKE_WORKDIR"] = str(workdir)
+        # Clusters serve no model unless a test asks (env=...): a torch worker takes seconds to start.
+        self.env.update({"MOONCAKE_PREFILL_WORKERS": "0", "MOONCAKE_DECODE_WORKERS": "0"})
 
     def __call__(self, *args: str, timeout: float = 60, env: dict | None = None,
                  input: bytes | None = None) -> subprocess.CompletedProcess:

@@ -322,6 +322,23 @@ SETTINGS: tuple[Setting, ...] = (
     _s("model", "kv_cache_size", "size", 64 * 2**20,
        "Memory each worker gives its paged KV cache (pages of kv_block_tokens tokens).",
        minimum=1),
+    # serving: the conductor daemon, its HTTP front end and the P/D workers
+    _s("serving", "prefill_workers", "int", 1,
+       "Prefill workers `mooncake up` starts (after the conductor).", minimum=0),
+    _s("serving", "decode_workers", "int", 1,
+       "Decode workers `mooncake up` starts (after the prefill workers).", minimum=0),
+    _s("serving", "http_port", "int", 0,
+       "Port of the conductor's HTTP front end on bind_host (0: any free one).", minimum=0),
+    _s("serving", "http_max_body", "size", 2**20,
+       "Largest HTTP request body the front end reads; larger ones get 400.", minimum=64),
+    _s("serving", "request_timeout", "duration", 60.0,
+       "Deadline of one generation request, arrival to last token."),
+    _s("serving", "worker_timeout", "duration", 2.0,
+       "A worker silent this long is dropped; its in-flight requests fail at once."),
+    _s("serving", "max_batch_size", "int", 32,
+       "Sequences a decode worker steps together (continuous batching).", minimum=1),
+    _s("serving", "default_max_tokens", "int", 16,
+       "Tokens generated when a request does not say max_tokens.", minimum=1),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS))

@@ -1,0 +1,36 @@
+"""Send a request's KV pages from a prefill worker into the decode worker's registered pages.
+
+Both workers build the same layout from the same settings, so a page is ``block_bytes`` at
+``base + block_id * block_bytes`` on either side; the decode worker tells its base address and
+page ids when it reserves them. Runs of pages consecutive on both sides travel as one transfer
+request (a fresh cache hands out consecutive pages, so a prompt is usually a single request).
+"""
+
+from __future__ import annotations
+
+from daemons.model import KVCacheLayout
+from transfer.batch import OpCode, TransferRequest
+from transfer.engine import TransferEngine
+
+
+def page_runs(local: list[int], remote: list[int]) -> list[tuple[int, int, int]]:
+    """(first local page, first remote page, count) runs covering ``zip(local, remote)``."""
+    runs: list[tuple[int, int, int]] = []
+    for mine, theirs in zip(local, remote):
+        if runs and runs[-1][0] + runs[-1][2] == mine and runs[-1][1] + runs[-1][2] == theirs:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((mine, theirs, 1))
+    return runs
+
+
+def send_pages(engine: TransferEngine, layout: KVCacheLayout, local_base: int, local_pages: list[int],
+               segment: str, remote_base: int, remote_pages: list[int]) -> int:
+    """WRITE the pages and wait; returns bytes moved (TransferFailed/TransferTimeout otherwise)."""
+    if len(remote_pages) < len(local_pages):
+        raise ValueError(f"{len(local_pages)} pages to send, {len(remote_pages)} reserved")
+    handle = engine.open_segment(segment)
+    requests = [TransferRequest(OpCode.WRITE, local_base + layout.block_offset(mine), handle,
+                                remote_base + layout.block_offset(theirs), count * layout.block_bytes)
+                for mine, theirs, count in page_runs(local_pages, remote_pages)]
+    return engine.transfer_sync(requests)

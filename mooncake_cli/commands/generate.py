@@ -1,0 +1,81 @@
+"""`mooncake generate`: one completion through the running cluster's conductor, P/D disaggregated."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from daemons.paths import ClusterPaths
+from daemons.serving_client import frontend_url, stream_completion
+from daemons.serving_errors import ServingError
+from mooncake_cli.options import Config, settings_options
+from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
+from transfer.settings import resolve
+
+DEMO_SENTENCE = "Mooncake keeps the KVCache of every prompt prefix in a pool shared by all prefill nodes. "
+
+
+def _demo_prompts(paths: ClusterPaths) -> list[str]:
+    """Two prompts sharing a prefix of several KV blocks of the cluster's own block size."""
+    block = resolve({}, paths.settings_file).kv_block_tokens if paths.settings_file.exists() else 512
+    prefix = (DEMO_SENTENCE * (1 + (3 * block + block // 2) // len(DEMO_SENTENCE)))[:3 * block + block // 2]
+    return [prefix + "Question one: what is stored?", prefix + "Question two: who reads it?"]
+
+
+def _row(result: dict) -> dict:
+    info = result["mooncake"]
+    return {"text": result["text"], "token_ids": result["token_ids"], "finish_reason": result["finish_reason"],
+            "ttft_s": info.get("ttft_s"), "tbt_s": info.get("tbt_s"), "prompt_tokens": info.get("prompt_tokens"),
+            "prefix_tokens": info.get("prefix_tokens"), "prefill": info.get("prefill"),
+            "decode": info.get("decode"), "reason": info.get("reason"), "request_id": info.get("request_id")}
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+@settings_options("cluster", "request_timeout")
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt text."),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate at most."),
+    demo: bool = typer.Option(False, "--demo", help="Send two prompts sharing a long prefix instead "
+                              "and show the second one reusing it from the store (lower TTFT)."),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+    *,
+    config: Config,
+) -> None:
+    """Generate a greedy completion of PROMPT and show it with its TTFT, mean TBT, the prefix tokens
+    reused from the KVCache store, and which prefill and decode workers served it."""
+    paths = ClusterPaths.of(config.workdir)
+    if demo == (prompt is not None):
+        fail("give a PROMPT or --demo (not both)", EXIT_USAGE)
+    try:
+        url = frontend_url(paths)
+        prompts = _demo_prompts(paths) if demo else [prompt]
+        rows = []
+        for text in prompts:
+            done = stream_completion(url, {"prompt": text, "max_tokens": max_tokens}, config.request_timeout)
+            rows.append(_row(done.__dict__))
+    except ServingError as exc:
+        fail_on(exc)
+
+    def render(data: list[dict]) -> Table:
+        table = Table("prompt", "TTFT ms", "TBT ms", "prompt tokens", "reused", "prefill", "decode", "text",
+                      title="mooncake generate (P/D disaggregated, greedy)")
+        for n, r in enumerate(data, 1):
+            table.add_row(str(n), _ms(r["ttft_s"]), _ms(r["tbt_s"]), str(r["prompt_tokens"]),
+                          str(r["prefix_tokens"]), r["prefill"], r["decode"], repr(r["text"]))
+        return table
+
+    if json_output:
+        emit(rows if demo else rows[0], True, str)
+        return
+    emit(rows, False, render)
+    if demo and rows[0]["ttft_s"] and rows[1]["ttft_s"]:
+        stdout.print(f"the second prompt reused {rows[1]['prefix_tokens']} prefix tokens from the store: "
+                     f"TTFT {_ms(rows[0]['ttft_s'])} ms -> {_ms(rows[1]['ttft_s'])} ms", highlight=False)
+
+
+__all__ = ["generate"]
