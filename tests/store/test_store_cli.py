@@ -9,7 +9,8 @@ from store_cluster import FAST
 
 
 def test_put_get_exists_rm_inspect_round_trip(mooncake, tmp_path):
-    assert mooncake("up", env=FAST).returncode == 0
+    # A lease long enough to outlast the commands below even on a loaded machine.
+    assert mooncake("up", env={**FAST, "MOONCAKE_LEASE_TTL": "120s"}).returncode == 0
     blob = bytes(range(256)) * 4096 + b"\x00\r\n\xff"  # 1 MiB of every byte value, binary-safe
     put = mooncake("put", "blob", "-", "--soft-pin=10m", input=blob, env=FAST)
     assert put.returncode == 0, put.stderr.decode()
