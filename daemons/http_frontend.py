@@ -145,8 +145,9 @@ class Handler(BaseHTTPRequestHandler):
             if size <= DRAIN_FACTOR * limit:
                 # Read what the client is sending: closing on unread bytes resets the connection,
                 # and the client would see the reset instead of this answer.
-                for _ in range(0, size, 1 << 16):
-                    self.rfile.read(min(1 << 16, size))
+                left = size
+                while left > 0 and (piece := self.rfile.read(min(1 << 16, left))):
+                    left -= len(piece)
             raise BadRequest(f"the body has {size} bytes; the limit is {limit} (http_max_body)")
         return self.rfile.read(size)
 

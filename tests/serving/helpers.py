@@ -1,0 +1,94 @@
+"""Talking to a serving cluster from tests: HTTP calls, the reference model, prompts."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import re
+import time
+from urllib.parse import urlsplit
+
+import torch
+
+from daemons.model import build_model, generate_reference
+from transfer.settings import resolve
+
+# A cluster small enough to start quickly and to fault quickly: 32-token blocks, 2 s worker timeout.
+SERVING_ENV = {
+    "MOONCAKE_PREFILL_WORKERS": "2", "MOONCAKE_DECODE_WORKERS": "2", "MOONCAKE_KV_BLOCK_TOKENS": "32",
+    "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB", "MOONCAKE_WORKER_TIMEOUT": "1s",
+    "MOONCAKE_REQUEST_TIMEOUT": "30s", "MOONCAKE_HTTP_MAX_BODY": "64KiB",
+}
+BLOCK = 32
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    """BOS and ``length - 1`` random bytes, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    return [256] + [rng.randrange(256) for _ in range(length - 1)]
+
+
+class Reference:
+    """The same model as the workers (default model settings), generating in this process."""
+
+    def __init__(self) -> None:
+        torch.set_num_threads(1)  # as the workers: KV must come out bit for bit the same
+        self.model = build_model(resolve({}, environ={}))
+
+    def tokens(self, prompt_tokens: list[int], max_tokens: int) -> list[int]:
+        return generate_reference(self.model, prompt_tokens, max_tokens)
+
+
+def request(url: str, method: str, path: str, body: bytes | None = None,
+            headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        connection.request(method, path, body, headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def complete(url: str, **body) -> dict:
+    status, _, data = request(url, "POST", "/v1/completions", json.dumps(body).encode())
+    assert status == 200, data
+    return json.loads(data)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of /metrics (0 when absent)."""
+    _, _, text = request(url, "GET", "/metrics")
+    wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+    for line in text.decode().splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def busy_instance(url: str, gauge: str, instances: list[str], deadline: float) -> str:
+    """The first of ``instances`` whose ``gauge`` shows work, polling until ``deadline``."""
+    while time.monotonic() < deadline:
+        for name in instances:
+            if metric(url, gauge, instance=name) > 0:
+                return name
+        time.sleep(0.01)
+    raise AssertionError(f"no instance got busy on {gauge}")
+
+
+def sse_events(url: str, body: dict, timeout: float):
+    """Yield each event of a streamed completion as it arrives (dicts, then "[DONE]")."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode())
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        for line in response:
+            if match := re.match(rb"data: (.*)", line):
+                data = match.group(1).strip()
+                yield "[DONE]" if data == b"[DONE]" else json.loads(data)
+    finally:
+        connection.close()
