@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import (bench, bench_sched, bench_store, bench_transfer, cluster, config, generate,
-                                   inspect, sim, store, topo)
+from mooncake_cli.commands import (bench, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
+                                   generate, inspect, sim, store, topo)
 
 app = typer.Typer(
     name="mooncake",
@@ -27,6 +27,7 @@ app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)
 bench.app.command("store")(bench_store.store)
+bench.app.command("serve")(bench_serve.serve)
 
 
 def main() -> None:

@@ -46,8 +46,10 @@ def generate(
     *,
     config: Config,
 ) -> None:
-    """Generate a greedy completion of PROMPT and show it with its TTFT, mean TBT, the prefix tokens
-    reused from the KVCache store, and which prefill and decode workers served it."""
+    """Generate a greedy completion of PROMPT through the conductor and its P/D workers.
+
+    Shows the text with its TTFT, mean TBT, the prefix tokens reused from the KVCache store, and
+    which prefill and decode workers served it."""
     paths = ClusterPaths.of(config.workdir)
     if demo == (prompt is not None):
         fail("give a PROMPT or --demo (not both)", EXIT_USAGE)
