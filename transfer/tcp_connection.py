@@ -1,8 +1,9 @@
 """One initiator-side TCP stream to a peer endpoint, bound to one local path.
 
-Two threads per connection: a sender that pipelines queued slices (several per ``sendmsg``,
-headers and payload views gathered without copying) and a reader that matches responses to
-slices and receives READ payloads straight into local memory. The socket is connected lazily by
+Two threads per connection: a sender that pipelines queued slices in request groups (one
+header block and the WRITE payload views gathered in one ``sendmsg``, without copying) and a
+reader that matches response frames to slices and scatter-receives READ payloads straight into
+local memory. Both restart the watchdog's clock on every syscall that moved bytes. The socket is connected lazily by
 the sender, so submitting never waits on the network. The socket has one owner: whichever of
 the two threads exits last closes it, so neither can find its descriptor reused under it.
 """
@@ -18,11 +19,10 @@ from typing import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.tcp_wire import (REQUEST, RESPONSE, PeerClosed, recv_exact, recv_message,
-                               send_all, send_message, tune)
+from transfer.tcp_wire import (FRAME, GROUP, MAX_GROUP, READ_DATA, REQUEST, RESPONSE, PeerClosed,
+                               recv_all, recv_exact, recv_message, send_all, send_message, tune)
 from transfer.transport import SliceSink
 
-_MAX_SLICES_PER_SEND = 64
 _MAX_BYTES_PER_SEND = 8 << 20
 
 
@@ -144,49 +144,81 @@ class Connection:
             self._on_dead(self)  # outside our lock: the transport takes its own lock first
             return False
         with self._cv:
-            parts: list = []
+            group: list[tuple[int, Slice]] = []
             size = 0
-            while self._queue and len(parts) < 2 * _MAX_SLICES_PER_SEND and size < _MAX_BYTES_PER_SEND:
+            while self._queue and len(group) < MAX_GROUP and size < _MAX_BYTES_PER_SEND:
                 piece = self._queue.popleft()
                 slice_id = next(self._ids)
                 self._inflight[slice_id] = piece
-                parts.append(REQUEST.pack(piece.opcode, slice_id, piece.remote_address, piece.length))
-                if piece.opcode == OpCode.WRITE:
-                    parts.append(piece.local)
-                    size += piece.length
+                group.append((slice_id, piece))
+                size += piece.length
             sock = self._sock
-        send_all(sock, parts)  # type: ignore[arg-type]
-        self.last_progress = time.monotonic()
+        header = bytearray(GROUP.size + len(group) * REQUEST.size)
+        GROUP.pack_into(header, 0, len(group))
+        parts: list = [header]
+        for i, (slice_id, piece) in enumerate(group):
+            opcode = piece.opcode
+            REQUEST.pack_into(header, GROUP.size + i * REQUEST.size, opcode, slice_id,
+                              piece.remote_address, piece.length)
+            if opcode == OpCode.WRITE:
+                parts.append(piece.local)
+        send_all(sock, parts, self._touch)  # type: ignore[arg-type]
         return True
+
+    def _touch(self) -> None:
+        """Bytes moved: the watchdog's clock restarts."""
+        self.last_progress = time.monotonic()
 
     # -- reader thread --------------------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        header = bytearray(RESPONSE.size)
-        view = memoryview(header)
+        frame = bytearray(FRAME.size)
+        entries = memoryview(bytearray(MAX_GROUP * RESPONSE.size))
         try:
             while True:
-                recv_exact(self._sock, view)  # type: ignore[arg-type]
-                status, slice_id, length = RESPONSE.unpack(header)
+                recv_exact(self._sock, memoryview(frame))  # type: ignore[arg-type]
+                kind, count = FRAME.unpack(frame)
+                if not 0 < count <= MAX_GROUP:
+                    raise PeerClosed(f"response frame of {count} responses")
+                block = entries[:count * RESPONSE.size]
+                recv_exact(self._sock, block)  # type: ignore[arg-type]
+                responses = list(RESPONSE.iter_unpack(block))
+                if kind == READ_DATA:
+                    self._receive_reads(responses)
                 with self._cv:
-                    piece = self._inflight.get(slice_id)
-                if piece is None:
-                    raise PeerClosed(f"response for unknown slice {slice_id}")
-                if status == 0 and piece.opcode == OpCode.READ:
-                    recv_exact(self._sock, piece.local)  # type: ignore[arg-type]
-                with self._cv:
-                    if self._inflight.pop(slice_id, None) is None:
-                        continue  # killed meanwhile: kill() already reported it
-                    self.last_progress = time.monotonic()
-                    self._cv.notify()
-                if status == 0:
-                    self._sink.done(piece)
-                else:
-                    self._sink.failed(piece, f"target {self.peer.name} refused the range "
-                                      f"(code {status})", None, fatal=True)
+                    if self.dead:  # killed meanwhile: kill() already reported them
+                        break
+                    known = all(slice_id in self._inflight for _, slice_id, _ in responses)
+                    if known:
+                        finished = [(status, self._inflight.pop(slice_id))
+                                    for status, slice_id, _ in responses]
+                        self.last_progress = time.monotonic()
+                        self._cv.notify()
+                if not known:
+                    raise PeerClosed("response for an unknown slice")
+                for status, piece in finished:
+                    if status == 0:
+                        self._sink.done(piece)  # type: ignore[arg-type]
+                    else:
+                        self._sink.failed(piece, f"target {self.peer.name} refused the range "  # type: ignore[arg-type]
+                                          f"(code {status})", None, fatal=True)
         except (OSError, ConnectionError) as exc:
             self.kill(f"connection to {self.peer.name} via {self.nic} lost: {exc}")
         self._thread_exit()
+
+    def _receive_reads(self, responses: list[tuple[int, int, int]]) -> None:
+        """The payloads of a READ_DATA frame, scattered straight into the slices' memory."""
+        with self._cv:
+            pieces = [self._inflight.get(slice_id) for _, slice_id, _ in responses]
+        views = []
+        for (status, slice_id, length), piece in zip(responses, pieces):
+            if piece is None or piece.opcode != OpCode.READ:
+                raise PeerClosed(f"READ data for unknown or WRITE slice {slice_id}")
+            if status == 0:
+                if length != piece.length:
+                    raise PeerClosed(f"READ of {length} bytes for slice {slice_id}")
+                views.append(piece.local)
+        recv_all(self._sock, views, self._touch)  # type: ignore[arg-type]
 
     def _fail_stale(self, reason: str) -> None:
         with self._cv:

@@ -1,10 +1,11 @@
 """The target side of the TCP transport: listeners on each NIC and one thread per connection.
 
-Each connection thread reads a request header, then moves the payload straight between the
-socket and registered memory (recv_into a view of the buffer for WRITE, sendmsg of the view for
-READ). WRITE acks are held while more requests are already waiting in the socket and sent
-together when it drains, so a burst of small slices costs one ack syscall, not one each; they
-are flushed at least every ``_ACK_EVERY`` bytes so a long stream still shows progress.
+Each connection thread reads a request group's headers, then moves the payloads straight
+between the socket and registered memory: scatter ``recvmsg_into`` over views of the buffers
+for the group's WRITEs, one gather ``sendmsg`` of views for its READs (see tcp_wire). WRITE
+acks go out at the end of the group and every ``ACK_INTERVAL`` while it lasts, so a burst of
+small slices costs one ack syscall, not one each, and a long one on a slow path still shows
+progress.
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from typing import Callable
 
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint
 from transfer.errors import AddressNotRegistered
 from transfer.memory import MemoryRegistry
-from transfer.tcp_wire import (REQUEST, RESPONSE, PeerClosed, recv_exact, recv_message,
+from transfer.tcp_wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
+                               REQUEST, RESPONSE, PeerClosed, advance, recv_exact, recv_message,
                                send_all, send_message, tune)
 
 log = logging.getLogger(__name__)
 _DRAIN_CHUNK = 1 << 20
-_ACK_EVERY = 1 << 20
 
 
 class TcpTarget:
@@ -107,48 +109,39 @@ class TcpTarget:
             conn.close()
 
     def _serve_requests(self, conn: socket.socket) -> None:
-        header = bytearray(REQUEST.size)
-        view = memoryview(header)
-        acks: list[bytes] = []
-        held = 0  # bytes written whose acks are held
+        group = bytearray(GROUP.size)
+        headers = memoryview(bytearray(MAX_GROUP * REQUEST.size))
+        scratch: memoryview | None = None  # where refused WRITE payloads are drained
         while True:
-            if held >= _ACK_EVERY:
-                send_all(conn, acks)
-                acks.clear()
-                held = 0
-            self._read_header(conn, view, acks)
-            if not acks:
-                held = 0
-            op, slice_id, address, length = REQUEST.unpack(header)
-            target, status = self._resolve(address, length)
-            if op == OpCode.WRITE:
-                if target is None:
-                    _drain(conn, length)  # keep the stream in step; nothing is written
+            recv_exact(conn, memoryview(group))
+            (count,) = GROUP.unpack(group)
+            if not 0 < count <= MAX_GROUP:
+                raise ConnectionError(f"request group of {count} requests")
+            block = headers[:count * REQUEST.size]
+            recv_exact(conn, block)
+            views: list[memoryview] = []  # WRITE payload destinations, in stream order
+            writes: list[tuple[bytes, int]] = []  # (ack, end index in views)
+            reads: list[bytes] = []
+            read_payloads: list[memoryview] = []
+            for op, slice_id, address, length in REQUEST.iter_unpack(block):
+                target, status = self._resolve(address, length)
+                if op == OpCode.WRITE:
+                    if target is not None:
+                        views.append(target)
+                    else:  # keep the stream in step; nothing is written
+                        if scratch is None:
+                            scratch = memoryview(bytearray(_DRAIN_CHUNK))
+                        views.extend(scratch[:min(_DRAIN_CHUNK, length - offset)]
+                                     for offset in range(0, length, _DRAIN_CHUNK))
+                    writes.append((RESPONSE.pack(status, slice_id, length), len(views)))
                 else:
-                    recv_exact(conn, target)
-                acks.append(RESPONSE.pack(status, slice_id, length))
-                held += length
-                continue
-            acks.append(RESPONSE.pack(status, slice_id, length if target is not None else 0))
-            send_all(conn, acks if target is None else [*acks, target])
-            acks.clear()
-
-    @staticmethod
-    def _read_header(conn: socket.socket, view: memoryview, acks: list[bytes]) -> None:
-        """Read the next header; flush held acks first if it has not arrived yet."""
-        if acks:
-            try:
-                got = conn.recv_into(view, len(view), socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                got = -1
-            if got == 0:
-                raise PeerClosed("peer closed the connection")
-            if got > 0:
-                recv_exact(conn, view[got:])
-                return
-            send_all(conn, acks)
-            acks.clear()
-        recv_exact(conn, view)
+                    reads.append(RESPONSE.pack(status, slice_id, length if target is not None else 0))
+                    if target is not None:
+                        read_payloads.append(target)
+            if writes:
+                _receive_writes(conn, views, writes)
+            if reads:
+                send_all(conn, [FRAME.pack(READ_DATA, len(reads)) + b"".join(reads), *read_payloads])
 
     def _resolve(self, address: int, length: int) -> tuple[memoryview | None, int]:
         try:
@@ -161,12 +154,34 @@ class TcpTarget:
         return buffer.view[start:start + length], 0
 
 
-def _drain(conn: socket.socket, length: int) -> None:
-    scratch = memoryview(bytearray(min(length, _DRAIN_CHUNK) or 1))
-    while length:
-        n = min(length, len(scratch))
-        recv_exact(conn, scratch[:n])
-        length -= n
+def _receive_writes(conn: socket.socket, views: list[memoryview],
+                    writes: list[tuple[bytes, int]]) -> None:
+    """Scatter-receive a group's WRITE payloads; ack each WRITE once all its bytes are in
+    memory, in ACKS frames sent every ACK_INTERVAL and at the end of the group."""
+    acks: list[bytes] = []
+    done = 0
+    flush_at = time.monotonic() + ACK_INTERVAL
+    first = advance(views, 0, 0)
+    while True:
+        while done < len(writes) and writes[done][1] <= first:
+            acks.append(writes[done][0])
+            done += 1
+        if done == len(writes):
+            break
+        if acks and time.monotonic() >= flush_at:
+            _send_acks(conn, acks)
+            acks = []
+            flush_at = time.monotonic() + ACK_INTERVAL
+        got = conn.recvmsg_into(views[first:first + IOV_MAX])[0]
+        if not got:
+            raise PeerClosed("peer closed the connection")
+        first = advance(views, first, got)
+    _send_acks(conn, acks)
+
+
+def _send_acks(conn: socket.socket, acks: list[bytes]) -> None:
+    if acks:
+        send_all(conn, [FRAME.pack(ACKS, len(acks)) + b"".join(acks)])
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -57,12 +57,22 @@ class TcpTransport(Transport):
     def submit(self, pieces: list[Slice]) -> None:
         now = time.monotonic()
         groups: dict[Connection, list[Slice]] = {}
+        routes: dict[tuple, Connection] = {}  # one path choice per distinct route, not per slice
         with self._lock:
             for piece in pieces:
-                nic = self._paths.choose(piece.location, piece.index, piece.attempt, now)
-                preferred, secondary = self._paths.tiers(piece.location)
-                stream = (piece.index // max(1, len(preferred or secondary))) % self._streams
-                groups.setdefault(self._connection(piece.peer, nic, stream), []).append(piece)
+                peer = piece.peer
+                route = (peer.name, peer.incarnation, piece.location, piece.index, piece.attempt)
+                connection = routes.get(route)
+                if connection is None:
+                    nic = self._paths.choose(piece.location, piece.index, piece.attempt, now)
+                    preferred, secondary = self._paths.tiers(piece.location)
+                    stream = (piece.index // max(1, len(preferred or secondary))) % self._streams
+                    connection = routes[route] = self._connection(peer, nic, stream)
+                group = groups.get(connection)
+                if group is None:
+                    groups[connection] = [piece]
+                else:
+                    group.append(piece)
         for connection, group in groups.items():
             if not connection.enqueue(group):  # died between lookup and enqueue
                 for piece in group:
