@@ -263,8 +263,6 @@ SETTINGS: tuple[Setting, ...] = (
        "KV bytes per token (LLaMA-70B class: 80 layers x K,V x 8 KV heads x 128 x 2 bytes)."),
     _s("scheduler", "kv_transfer_bandwidth", "size", 12_500_000_000,
        "Bytes per second one node moves KV at (100 Gbps)."),
-    _s("scheduler", "decode_occupancy", "duration", 15.0,
-       "Initial guess of how long a request occupies decode (predictive rejection learns it)."),
     _s("scheduler", "cache_capacity_tokens", "int", 3_000_000,
        "KV tokens each prefill instance's DRAM cache holds (simulator).", minimum=0),
     _s("scheduler", "pool_capacity_tokens", "int", 0,
