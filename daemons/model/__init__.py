@@ -7,6 +7,7 @@ A library: workers wrap it, nothing here opens sockets or reads settings on its 
     pages = BlockManager(kv.layout.num_blocks, kv.layout.block_size)
     runner = ModelRunner(model, kv)
     runner.prefill(seq, on_layer_done=...)                # prefill worker
+    StageRunner(StageModel(model, a, b), kv).run_chunk()  # one stage of a CPP prefill group
     ContinuousBatcher(runner, pages, eos_token_id=...)    # decode worker
 """
 
@@ -17,15 +18,18 @@ from daemons.model.errors import CheckpointError, KVCacheFull
 from daemons.model.from_settings import build_model, build_tokenizer, kv_layout
 from daemons.model.kv_cache import KVCache, KVCacheLayout
 from daemons.model.llama import LlamaModel, random_model
+from daemons.model.pipeline import Link, QueueLink, chunk_bounds, prefill_in_threads, run_stage
 from daemons.model.reference import generate_reference
 from daemons.model.runner import LayerDone, ModelRunner, reusable_blocks
 from daemons.model.sequence import Sequence
+from daemons.model.stage import StageModel, StageRunner, split_layers
 from daemons.model.tokenizer import ByteTokenizer
 from daemons.model.weights import load_checkpoint, save_checkpoint
 
 __all__ = [
     "BlockManager", "ByteTokenizer", "CheckpointError", "ContinuousBatcher", "KVCache", "KVCacheFull",
-    "KVCacheLayout", "LayerDone", "LlamaModel", "ModelConfig", "ModelRunner", "Sequence", "TokenEvent",
-    "build_model", "build_tokenizer", "generate_reference", "kv_layout", "load_checkpoint",
-    "random_model", "reusable_blocks", "save_checkpoint",
+    "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig", "ModelRunner", "QueueLink", "Sequence",
+    "StageModel", "StageRunner", "TokenEvent", "build_model", "build_tokenizer", "chunk_bounds",
+    "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads", "random_model",
+    "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",
 ]

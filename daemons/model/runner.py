@@ -17,6 +17,7 @@ import torch
 
 from daemons.model.attention import attend
 from daemons.model.kv_cache import KVCache
+from daemons.model.layers import DecoderLayer
 from daemons.model.llama import LlamaModel
 from daemons.model.sequence import Sequence
 
@@ -29,6 +30,25 @@ def reusable_blocks(num_prompt_tokens: int, block_size: int, hit_blocks: int) ->
     """How many of the ``hit_blocks`` cached prefix blocks to load: at least one prompt token must
     still be computed, because its logits give the first generated token."""
     return max(0, min(hit_blocks, (num_prompt_tokens - 1) // block_size))
+
+
+def prefill_layer(kv_cache: KVCache, index: int, layer: DecoderLayer, block_table: list[int],
+                  hidden: torch.Tensor, start: int) -> torch.Tensor:
+    """Layer ``index`` over hidden states [T, hidden] of tokens ``start``..``start + T``, one
+    block-sized piece at a time (``start`` on a block boundary), writing their KV; returns the
+    layer's output. Shared by the whole-model prefill and the pipeline stages, so a block's KV and
+    hidden states are the same bits whichever of the two computed them, in whatever chunks."""
+    size, end = kv_cache.layout.block_size, start + hidden.shape[0]
+    positions = torch.arange(start, end)
+    outputs = []
+    for a in range(start, end, size):
+        b = min(a + size, end)
+        x, pos = hidden[a - start:b - start], positions[a - start:b - start]
+        q, k, v = layer.qkv(x, pos)
+        kv_cache.write(index, block_table, pos, k, v)
+        keys, values = kv_cache.gather(index, block_table, b)
+        outputs.append(layer.finish(x, attend(q, keys, values, pos)))
+    return torch.cat(outputs)
 
 
 class ModelRunner:
@@ -52,19 +72,10 @@ class ModelRunner:
             raise ValueError(f"prefill must start at a block boundary before the last token, got {start} of {end}")
         if len(seq.block_table) * size < end:
             raise ValueError(f"block table of {len(seq.block_table)} pages cannot hold {end} tokens")
-        positions = torch.arange(start, end)
         hidden = self.model.embed(torch.tensor(seq.token_ids[start:end]))
-        chunks = [(a, min(a + size, end)) for a in range(start, end, size)]
         new_full_blocks = seq.block_table[start // size:end // size]
         for index, layer in enumerate(self.model.layers):
-            outputs = []
-            for a, b in chunks:
-                x, pos = hidden[a - start:b - start], positions[a - start:b - start]
-                q, k, v = layer.qkv(x, pos)
-                self.kv_cache.write(index, seq.block_table, pos, k, v)
-                keys, values = self.kv_cache.gather(index, seq.block_table, b)
-                outputs.append(layer.finish(x, attend(q, keys, values, pos)))
-            hidden = torch.cat(outputs)
+            hidden = prefill_layer(self.kv_cache, index, layer, seq.block_table, hidden, start)
             if on_layer_done is not None:
                 on_layer_done(index, new_full_blocks)
         seq.num_kv_tokens = end
