@@ -337,6 +337,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Sequences a decode worker steps together (continuous batching).", minimum=1),
     _s("serving", "default_max_tokens", "int", 16,
        "Tokens generated when a request does not say max_tokens.", minimum=1),
+    _s("serving", "prefill_chunk", "int", 1024,
+       "Tokens per chunk of chunked pipeline-parallel prefill (rounded up to whole KV blocks); "
+       "prompts no longer than this run on one worker.", minimum=1),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS))
