@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from mooncake_cli.commands import (bench, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
-                                   generate, inspect, sim, store, topo)
+                                   generate, inspect, sim, start, store, topo)
 
 app = typer.Typer(
     name="mooncake",
@@ -23,6 +23,7 @@ sim.register(app)
 store.register(app)
 inspect.register(app)
 app.command("generate")(generate.generate)
+app.add_typer(start.app, name="start")
 app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)

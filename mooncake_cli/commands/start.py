@@ -1,0 +1,194 @@
+"""`mooncake start master`: one master daemon, taking the C++ `mooncake_master`'s common flags.
+
+Deployment scripts written for Mooncake run `mooncake_master --rpc_port=50051
+--default_kv_lease_ttl=10000 --eviction_high_watermark_ratio=0.9
+--enable_http_metadata_server=true --http_metadata_server_port=8080`; the same flags work here
+and map onto our settings (lease_ttl, soft_pin_ttl, high_watermark, eviction_ratio,
+client_ttl, bind_host). Our own flags (--lease-ttl, ...) work too; the C++ form wins when both
+are given. With --enable_http_metadata_server the same process also serves Mooncake's HTTP
+metadata protocol (:mod:`transfer.http_metadata`), for transfer engines given
+metadata_server="http://host:port/metadata".
+
+Without --foreground the command starts itself again with --foreground as a background process
+(pidfile under <workdir>/run, log under <workdir>/logs, like `mooncake up`), waits until the
+master answers, and prints its address; `mooncake status` and `mooncake down` then see it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import click
+import typer
+import yaml
+from typer.core import TyperCommand
+
+from daemons.master import MasterDaemon
+from daemons.paths import ClusterPaths, read_json, write_json_atomic
+from daemons.supervisor import live_daemons
+from mooncake_cli.options import Config, settings_options
+from mooncake_cli.output import JSON_HELP, emit, fail
+from transfer.http_metadata import HttpMetadataServer
+from transfer.errors import MooncakeError
+from transfer.rpc import RpcClient
+
+NAME = "master"
+app = typer.Typer(help="Start one daemon in the foreground or as a background process.",
+                  no_args_is_help=True)
+
+
+def _gflag(name: str, help_text: str, **kwargs) -> typer.Option:
+    return typer.Option(None, f"--{name}", help=help_text, show_default=False,
+                        rich_help_panel="mooncake_master flags", **kwargs)
+
+
+class _GflagsCommand(TyperCommand):
+    """Takes gflags' boolean forms: ``--flag=true`` is ``--flag``, ``--flag=false`` leaves it off
+    (click's switches refuse a value)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, [a for arg in args for a in _switch(arg)])
+
+
+def _switch(arg: str) -> list[str]:
+    name, sep, value = arg.partition("=")
+    if sep and name in BOOL_GFLAGS and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return [name] if value.lower() in ("true", "1", "yes") else []
+    return [arg]
+
+
+BOOL_GFLAGS = {"--enable_http_metadata_server"}
+
+
+@app.command("master", cls=_GflagsCommand)
+@settings_options("cluster", "rpc", "store")
+def master(
+    foreground: bool = typer.Option(False, "--foreground", help="Run in this process until SIGTERM or Ctrl-C."),
+    rpc_port: Optional[int] = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
+                                     min=0, max=65535),
+    port: Optional[int] = _gflag("port", "Deprecated alias of --rpc_port.", min=0, max=65535),
+    rpc_address: Optional[str] = _gflag("rpc_address", "Address to bind (sets bind_host)."),
+    default_kv_lease_ttl: Optional[int] = _gflag("default_kv_lease_ttl", "Read lease in milliseconds (lease_ttl).", min=0),
+    default_kv_soft_pin_ttl: Optional[int] = _gflag("default_kv_soft_pin_ttl", "Soft pin in milliseconds (soft_pin_ttl).", min=0),
+    eviction_high_watermark_ratio: Optional[float] = _gflag("eviction_high_watermark_ratio",
+                                                            "Usage ratio that starts eviction (high_watermark).", min=0),
+    # Named apart from our settings of the same name, whose flags are --eviction-ratio, --client-ttl.
+    gflag_eviction_ratio: Optional[float] = _gflag("eviction_ratio", "Share of the pool one eviction frees.",
+                                                   min=0, max=1),
+    gflag_client_ttl: Optional[int] = _gflag("client_ttl", "Seconds of silence before a store client is dropped.",
+                                             min=1),
+    enable_http_metadata_server: bool = typer.Option(
+        False, "--enable_http_metadata_server", help="Also serve Mooncake's HTTP metadata protocol "
+        "(--enable_http_metadata_server or =true).", rich_help_panel="mooncake_master flags"),
+    http_metadata_server_port: int = typer.Option(8080, "--http_metadata_server_port",
+                                                  help="Port of the HTTP metadata server.", min=0, max=65535,
+                                                  rich_help_panel="mooncake_master flags"),
+    http_metadata_server_host: Optional[str] = _gflag("http_metadata_server_host",
+                                                      "Address of the HTTP metadata server (default: bind_host)."),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+    *,
+    config: Config,
+) -> None:
+    """Start the master daemon, accepting mooncake_master's flags (--rpc_port, --default_kv_lease_ttl,
+    --eviction_high_watermark_ratio, --enable_http_metadata_server, ...)."""
+    overrides = {name: value for name, value in {
+        "bind_host": rpc_address,
+        "lease_ttl": f"{default_kv_lease_ttl}ms" if default_kv_lease_ttl is not None else None,
+        "soft_pin_ttl": f"{default_kv_soft_pin_ttl}ms" if default_kv_soft_pin_ttl is not None else None,
+        "high_watermark": eviction_high_watermark_ratio, "eviction_ratio": gflag_eviction_ratio,
+        "client_ttl": gflag_client_ttl}.items() if value is not None}
+    config = config.replace(**overrides)
+    control_port = next((p for p in (rpc_port, port) if p is not None), 50051)
+    http = None
+    if enable_http_metadata_server:
+        http = (http_metadata_server_host or config.bind_host, http_metadata_server_port)
+    paths = ClusterPaths.of(config.workdir)
+    if NAME in live_daemons(paths):
+        fail(f"a master is already running in {paths.workdir}; stop it with `mooncake down`")
+    if foreground:
+        raise typer.Exit(_run(paths, config, control_port, http))
+    emit(_spawn(paths, config, control_port, http), json_output,
+         lambda record: f"master serving on {record['address']}")
+
+
+class _Master(MasterDaemon):
+    """The master daemon, also naming the HTTP metadata server it runs beside (if any)."""
+
+    http_metadata_url = ""
+
+    def describe(self) -> dict:
+        extra = {"http_metadata_server": self.http_metadata_url} if self.http_metadata_url else {}
+        return {**super().describe(), **extra}
+
+
+def _run(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] | None) -> int:
+    """The master in this process, with the records `up` writes (pidfile, cluster.json), so
+    store clients, `mooncake status` and `mooncake down` find it."""
+    for directory in (paths.run_dir, paths.log_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    cluster_id = uuid.uuid4().hex[:8]
+    write_json_atomic(paths.pidfile(NAME), {"pid": os.getpid(), "role": "master", "cluster_id": cluster_id,
+                                            "create_time": psutil.Process().create_time()})
+    for stale in (paths.announce_file(NAME), paths.exit_file(NAME)):
+        stale.unlink(missing_ok=True)
+    try:
+        metadata = HttpMetadataServer(*http) if http else None
+    except OSError as exc:
+        fail(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}")
+    try:
+        daemon = _Master(NAME, paths, config, cluster_id, port)
+        daemon.http_metadata_url = metadata.url if metadata else ""
+        write_json_atomic(paths.cluster_file, {
+            "cluster_id": cluster_id, "workdir": str(paths.workdir), "started_at": daemon.started_at,
+            "daemons": [{"name": NAME, "role": "master", "pid": os.getpid(), "address": daemon.server.address,
+                         "log": str(paths.log_file(NAME)),
+                         **({"http_metadata_server": metadata.url} if metadata else {})}]})
+        return daemon.run()
+    finally:
+        if metadata is not None:
+            metadata.close()
+
+
+def _spawn(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] | None) -> dict:
+    """Run the master as `start master --foreground` in a new session; return its announce
+    record. The child reads the settings we resolved from a file, with the MOONCAKE_* variables
+    taken out of its environment, so it resolves exactly our values."""
+    paths.log_dir.mkdir(parents=True, exist_ok=True)
+    settings = paths.workdir / "master-settings.yaml"
+    settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    command = [sys.executable, "-m", "mooncake_cli", "start", "master", "--foreground", "--rpc_port", str(port),
+               "--workdir", str(paths.workdir), "--config", str(settings)]
+    if http:
+        command += ["--enable_http_metadata_server", "--http_metadata_server_host", http[0],
+                    "--http_metadata_server_port", str(http[1])]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+    with open(paths.log_file(NAME), "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
+    deadline = time.monotonic() + config.start_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            fail(f"the master exited with {process.returncode} during start-up; see {paths.log_file(NAME)}")
+        record = read_json(paths.announce_file(NAME))
+        if record and record.get("pid") == process.pid and _answers(record["address"]):
+            return record
+        time.sleep(0.05)
+    process.terminate()
+    fail(f"the master did not answer before the start timeout; see {paths.log_file(NAME)}")
+
+
+def _answers(address: str) -> bool:
+    with RpcClient(address, timeout=1.0) as client:
+        try:
+            client.call("health")
+            return True
+        except MooncakeError:
+            return False
