@@ -1,0 +1,32 @@
+"""The compat package is installed separately (`pip install -e compat/`); CI installs only the
+main project, so these tests import it from compat/ by path."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.conftest import REPO, Mooncake
+
+sys.path.insert(0, str(REPO / "compat"))
+
+from mooncake.store import MooncakeDistributedStore  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory) -> str:
+    """A running cluster (master + one store client with a 64 MiB segment), one per test
+    module: its master's "host:port". Tests use their own keys."""
+    mooncake = Mooncake(tmp_path_factory.mktemp("compat") / "cluster")
+    cluster = mooncake.json("up", "--segment-size", "64MiB", "--lease-ttl", "2s")
+    yield next(d["address"] for d in cluster["daemons"] if d["role"] == "master").removeprefix("tcp://")
+    mooncake("down", timeout=60)
+
+
+@pytest.fixture
+def store(master):
+    store = MooncakeDistributedStore()
+    assert store.setup("localhost", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master) == 0
+    yield store
+    store.close()
