@@ -123,8 +123,9 @@ class TcpTarget:
             writes: list[tuple[bytes, int]] = []  # (ack, end index in views)
             reads: list[bytes] = []
             read_payloads: list[memoryview] = []
+            last = [None]
             for op, slice_id, address, length in REQUEST.iter_unpack(block):
-                target, status = self._resolve(address, length)
+                target, status = self._resolve(address, length, last)
                 if op == OpCode.WRITE:
                     if target is not None:
                         views.append(target)
@@ -143,11 +144,17 @@ class TcpTarget:
             if reads:
                 send_all(conn, [FRAME.pack(READ_DATA, len(reads)) + b"".join(reads), *read_payloads])
 
-    def _resolve(self, address: int, length: int) -> tuple[memoryview | None, int]:
-        try:
-            buffer = self._registry.find(address, length)
-        except AddressNotRegistered as exc:
-            return None, exc.code
+    def _resolve(self, address: int, length: int, last: list) -> tuple[memoryview | None, int]:
+        """The view of [address, +length) in registered memory, or (None, error code).
+        ``last`` holds the buffer found for the previous request of the group: a group's
+        slices mostly fall in one buffer, so the registry's lock and search are skipped."""
+        buffer = last[0]
+        if buffer is None or not buffer.address <= address <= address + length <= buffer.end:
+            try:
+                buffer = self._registry.find(address, length)
+            except AddressNotRegistered as exc:
+                return None, exc.code
+            last[0] = buffer
         if not buffer.remote_accessible:
             return None, AddressNotRegistered.code
         start = address - buffer.address
