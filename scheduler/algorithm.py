@@ -55,27 +55,30 @@ def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping
     allow = cfg.policy == "kvcentric" and cfg.transfers
     best_blocks = match.best_len
     best = min(best_blocks * bs, n)
-    t_best = prefill.predict(n, best)
-    by_length: dict[int, tuple[float, float]] = {}  # local blocks -> (prefill, transfer) seconds
-    rows = []  # (ttft, queue, local_blocks, pulls)
+    # (local blocks, model id) -> (prefill, transfer, prefill after pulling the best) seconds
+    by_length: dict[tuple[int, int], tuple[float, float, float]] = {}
+    rows = []  # (ttft, queue, local_blocks, pulls, by_length key)
     for instance_id, queue in queues.items():
         blocks = match.lengths.get(instance_id, 0)
-        times = by_length.get(blocks)
+        model = queue.model or prefill  # a CPP group plans with its own model
+        key = (blocks, id(model))
+        times = by_length.get(key)
         if times is None:
             local = min(blocks * bs, n)
-            times = by_length[blocks] = (prefill.predict(n, local), transfer.predict(best - local))
+            times = by_length[key] = (model.predict(n, local), transfer.predict(best - local),
+                                      model.predict(n, best))
         t_queue = queue.queue_time(now)
         ttft, pulls = t_queue + times[0], False
         # An instance short of the best prefix is not among its holders, so a source exists.
         if allow and best_blocks > blocks:
-            pulled = times[1] + t_queue + t_best
+            pulled = times[1] + t_queue + times[2]
             if cfg.threshold is None:
                 pulls = pulled < ttft
             else:
                 pulls = best - min(blocks * bs, n) > cfg.threshold
             if pulls:
                 ttft = pulled
-        rows.append((ttft, t_queue, blocks, pulls))
+        rows.append((ttft, t_queue, blocks, pulls, key))
     ids = list(queues)
     candidates = {ids[ix]: row[0] for ix, row in enumerate(rows)}
     if cfg.policy == "random":
@@ -86,9 +89,9 @@ def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping
         pick = min(range(len(rows)), key=lambda ix: (-rows[ix][2], rows[ix][1], ix))
     else:
         pick = min(range(len(rows)), key=lambda ix: (rows[ix][0], ix))
-    _, t_queue, blocks, pulls = rows[pick]
+    _, t_queue, blocks, pulls, key = rows[pick]
     local = min(blocks * bs, n)
-    t_prefill, t_transfer = by_length[blocks]
+    t_prefill, t_transfer, t_best = by_length[key]
     if pulls:
         # Spread pulls of a hot prefix over its holders; the same request always picks the same.
         holders = match.best_holders

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler.admission import DecodeForecast
 from scheduler.algorithm import choose_decode, choose_prefill
@@ -62,8 +63,10 @@ class Conductor:
 
     # -- membership ---------------------------------------------------------------------------
 
-    def add_prefill(self, instance_id: str) -> None:
-        self.prefill.setdefault(instance_id, PrefillQueue(instance_id))
+    def add_prefill(self, instance_id: str, model: Any = None) -> None:
+        """``model``: the instance's own prefill time model (a CPP group is one instance whose
+        long prompts run faster than one worker's); None plans it with the shared one."""
+        self.prefill.setdefault(instance_id, PrefillQueue(instance_id, model))
 
     def add_decode(self, instance_id: str, kv_capacity_tokens: int) -> None:
         self.decode.setdefault(instance_id, DecodeBatch(instance_id, kv_capacity_tokens))

@@ -7,6 +7,7 @@ admit/release), so a daemon and the simulator keep them current the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.predictors import DecodeTbtModel
 
@@ -16,6 +17,8 @@ class PrefillQueue:
     """FIFO of predicted prefill durations; queue time is what is left of their sum."""
 
     instance_id: str
+    # Its own prefill time model (a CPP group's), or None for the conductor's shared one.
+    model: Any = None
     durations: dict[str, float] = field(default_factory=dict)  # request_id -> seconds, FIFO order
     total: float = 0.0
     head_started_at: float = 0.0

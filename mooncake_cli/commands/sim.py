@@ -3,6 +3,7 @@ cluster, and compare policies, admission controls, thresholds and cache scopes s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,7 @@ from rich.table import Column, Table
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from scheduler.config import ADMISSIONS, POLICIES, SchedulerConfig, parse_threshold
+from scheduler.cpp import CppPrefillTimeModel, ttft_curve
 from scheduler.sim.cost_model import CostModel
 from scheduler.sim.engine import SimSetup, simulate
 from scheduler.sim.sweep import capacity_sweep
@@ -56,6 +58,9 @@ def sim(
                                          "cache capacity (0.25M..100M tokens and infinite)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: TTFT CDF per run, hit rate against "
                                         "capacity, load over time per admission policy."),
+    cpp_group: int = typer.Option(1, "--cpp-group", min=1, help="Also replay with the prefill nodes in "
+                                  "CPP groups of X (prefill/X instances, each pipelining prompts longer than "
+                                  "prefill_chunk over its X nodes), and compare prefill time against prompt length."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,
@@ -88,16 +93,26 @@ def sim(
     if compare_scopes:  # same memory per instance, either private or pooled in the store
         setups = {True: SimSetup(prefill, decode, 0, pool + prefill * capacity, cost),
                   False: SimSetup(prefill, decode, capacity, 0, cost)}
+    layouts = [(1, setups)]
+    data_cpp = None
+    if cpp_group > 1:
+        layouts.append((cpp_group, {scope: _grouped(s, cpp_group, config.prefill_chunk) for scope, s in setups.items()}))
+        group_model = next(iter(layouts[1][1].values())).cost.prefill
+        data_cpp = {"group": cpp_group, "chunk": config.prefill_chunk,
+                    "curve": ttft_curve(cost.prefill, group_model, [2**k * 1024 for k in range(8)])}
     runs, results = [], []
-    for pol, adm, thr, scope in itertools.product(policies, admissions, thresholds, setups):
+    for (group, grouped), pol, adm, thr, scope in itertools.product(layouts, policies, admissions, thresholds,
+                                                                    setups):
         cfg = base.with_(policy=pol, admission=adm, threshold=thr, transfers=scope)
-        result = simulate(requests, cfg, setups[scope])
+        result = simulate(requests, cfg, grouped[scope])
         result.params.update(policy=pol, admission=adm, threshold="auto" if thr is None else thr,
-                             scope="global" if scope else "local")
+                             scope="global" if scope else "local", cpp_group=group)
         results.append(result)
         runs.append(result.summary(with_samples=True))
     data = {"trace": str(trace), "prefill": prefill, "decode": decode, "speedup": speedup,
             "ttft_slo": base.ttft_slo, "tbt_slo": base.tbt_slo, "runs": runs}
+    if data_cpp is not None:
+        data["cpp"] = data_cpp
     if capacity_sweep_:
         data["capacity_sweep"] = capacity_sweep(requests)
     if plot is not None:
@@ -106,6 +121,18 @@ def sim(
         write_plot(plot, results, data.get("capacity_sweep"))
         data["plot"] = str(plot)
     emit(data, json_output, _render)
+
+
+def _grouped(setup: SimSetup, group: int, chunk: int) -> SimSetup:
+    """The same nodes as CPP groups of ``group``: fewer instances, each with the memory of its
+    nodes and the group's prefill time model."""
+    cost = setup.cost
+    hop = chunk * cost.activation_bytes_per_token / cost.bandwidth + cost.link_latency
+    model = CppPrefillTimeModel(cost.prefill, group, chunk, hop)
+    capacity = setup.cache_capacity_tokens
+    return dataclasses.replace(setup, num_prefill=max(1, setup.num_prefill // group),
+                               cache_capacity_tokens=None if capacity is None else capacity * group,
+                               cost=dataclasses.replace(cost, prefill=model))
 
 
 def _ms(value: float | None) -> str:
@@ -126,10 +153,17 @@ def _render(data: dict) -> Table:
                           "and of those spent on requests then rejected at decode")
     for run in data["runs"]:
         t, b = run["ttft"], run["tbt"]
-        table.add_row(f"{run['policy']} {run['admission']}\n{run['threshold']} {run['scope']}",
+        group = f" cpp{run['cpp_group']}" if run["cpp_group"] > 1 else ""
+        table.add_row(f"{run['policy']} {run['admission']}\n{run['threshold']} {run['scope']}{group}",
                       str(run["rejected"]), str(run["goodput"]), _s(t["mean"]), _s(t["p99"]),
                       _ms(b["mean"]), _ms(b["p99"]), f"{run['hit_rate']:.0%}",
                       f"{run['prefill_gpu_seconds']:.0f}/{run['wasted_prefill_seconds']:.0f}")
+    if "cpp" in data:
+        cpp = data["cpp"]
+        table.caption += f"\nfresh-prompt prefill s, one node vs a CPP group of {cpp['group']} (chunk {cpp['chunk']}):"
+        for row in cpp["curve"]:
+            table.caption += (f"\n  {row['tokens']:>7,} tokens: {row['single']:.2f} vs {row['cpp']:.2f} "
+                              f"(x{row['speedup']:.2f})")
     for row in data.get("capacity_sweep", []):
         capacity = "infinite" if row["capacity_tokens"] is None else f"{row['capacity_tokens']:,}"
         table.caption += f"\n{capacity} tokens of cache: hit rate {row['hit_rate']:.1%}"
@@ -137,7 +171,7 @@ def _render(data: dict) -> Table:
 
 
 def register(root: typer.Typer) -> None:
-    root.command("sim")(settings_options("scheduler")(sim))
+    root.command("sim")(settings_options("scheduler", "prefill_chunk")(sim))
 
 
 __all__ = ["register", "sim"]
