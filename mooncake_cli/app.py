@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from mooncake_cli.commands import (bench, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
+from mooncake_cli.commands import (bench, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
                                    generate, inspect, sim, start, store, topo)
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)
 bench.app.command("store")(bench_store.store)
 bench.app.command("serve")(bench_serve.serve)
+bench.app.command("prefill")(bench_prefill.prefill)
 
 
 def main() -> None:
