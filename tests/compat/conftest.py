@@ -14,10 +14,10 @@ sys.path.insert(0, str(REPO / "compat"))
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def master(tmp_path_factory) -> str:
-    """A running cluster (master + one store client with a 64 MiB segment), one per test
-    module: its master's "host:port". Tests use their own keys."""
+    """A running cluster (master + one store client with a 64 MiB segment), shared by the compat
+    tests: its master's "host:port". Tests use their own keys."""
     mooncake = Mooncake(tmp_path_factory.mktemp("compat") / "cluster")
     cluster = mooncake.json("up", "--segment-size", "64MiB", "--lease-ttl", "2s")
     yield next(d["address"] for d in cluster["daemons"] if d["role"] == "master").removeprefix("tcp://")
