@@ -11,6 +11,7 @@ nothing: the Debian package is the way in.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import Any
 
@@ -25,11 +26,17 @@ def load() -> "PyverbsVerbs":
     """The pyverbs provider, or VerbsUnavailable saying precisely what is missing."""
     if SYSTEM_PACKAGES not in sys.path:
         sys.path.append(SYSTEM_PACKAGES)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     try:
         modules = {name: importlib.import_module(f"pyverbs.{name}")
                    for name in ("device", "pd", "mr", "cq", "qp", "wr", "addr", "enums")}
     except ImportError as exc:
         raise VerbsUnavailable(f"pyverbs is not installed ({exc}); {_INSTALL_HINT}") from None
+    finally:
+        # Importing pyverbs installs a root stderr handler at INFO; the application, not a
+        # binding, decides where logs go (a CLI command must stay quiet, a daemon logs to file).
+        root.handlers[:], root.level = handlers, level
     return PyverbsVerbs(modules)
 
 
