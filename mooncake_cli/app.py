@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import typer
 
 from mooncake_cli.commands import (bench, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
@@ -36,6 +38,9 @@ def main() -> None:
     from transfer.errors import MooncakeError
     from mooncake_cli.output import fail_on
 
+    # Commands are quiet by default: library chatter (such as "RDMA unavailable, using TCP" on a
+    # host without RDMA) is for the daemons' logs; a command reports through its result or error.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except MooncakeError as exc:  # anything a command did not render itself
