@@ -270,13 +270,35 @@ def _stop_group(paths: ClusterPaths, names: list[str], grace: float) -> dict[str
             processes[f"{name}/child{index}"] = child
     for process in processes.values():
         _signal(process, signal.SIGTERM)
-    gone, alive = psutil.wait_procs(list(processes.values()), timeout=grace)
+    alive = _wait_exited(list(processes.values()), grace)
     for process in alive:
         _signal(process, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=5)
+    _wait_exited(alive, 5)
     for process in processes.values():
         _reap(process.pid)
     return {"stopped": sorted(processes), "killed": sorted(n for n, p in processes.items() if p in alive)}
+
+
+def _wait_exited(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited; returns those still running at the deadline.
+
+    A zombie counts as exited: a daemon `up` started is an orphan whose zombie only its new
+    parent (init) can reap, and some inits reap only every second or two, so waiting for the pid
+    to vanish (psutil.wait_procs) made every daemon look 1-2 s slow to stop."""
+    deadline = time.monotonic() + timeout
+    alive = list(processes)
+    while True:
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.01)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal(process: psutil.Process, signum: int) -> None:
