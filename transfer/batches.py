@@ -18,6 +18,7 @@ from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, 
 from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, TooManyRequests,
                              TransferFailed, TransferTimeout)
+from transfer.shm_transport import ShmTransport
 from transfer.slicing import cut
 from transfer.transport import Transport
 
@@ -136,6 +137,22 @@ class BatchMixin:
         if status.status != Status.COMPLETED:
             raise TransferFailed(status.error or "transfer failed")
         return status.transferred_bytes
+
+    def transfer_now(self, request: TransferRequest) -> bool:
+        """Move one request on the caller's thread when shared memory reaches its peer and the
+        local side is host memory: no batch, no copy thread, no wait (the store's small puts
+        and gets). False, with nothing done, when it needs a batch; TransferFailed when the
+        peer's memory is gone. Meant for small requests: a batch spreads big ones over threads."""
+        location, peer, transport = self._plan(request)
+        if not isinstance(transport, ShmTransport) or location.startswith("cuda"):
+            return False
+        try:
+            transport.copy_now(request.opcode, self.memory.view(request.source, request.length),
+                               peer, request.target_offset)
+        except (OSError, ValueError) as exc:
+            self.segments.invalidate(peer.name, peer.incarnation)
+            raise TransferFailed(f"cannot map {peer.name}'s memory: {exc}") from None
+        return True
 
     def write(self, segment: int | str, source: int, target_offset: int, length: int) -> int:
         """Blocking WRITE of local [source, +length) to the segment's address target_offset."""

@@ -38,21 +38,26 @@ class ShmTransport(Transport):
 
     def _copy(self, piece: Slice) -> None:
         try:
-            buffer = piece.peer.find_buffer(piece.remote_address, piece.length)
-            region = self._attach(piece.peer.name, buffer)
-            if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
-                self._detach(buffer.shm_name)
-                raise FileNotFoundError(f"region {buffer.shm_name} was removed by its owner")
-            start = piece.remote_address - buffer.address
-            remote = region.view[start:start + piece.length]
+            remote = self._remote(piece.peer, piece.remote_address, piece.length)
         except (OSError, ValueError) as exc:
             self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
             return
-        if piece.opcode == OpCode.WRITE:
-            np.copyto(as_array(remote), as_array(piece.local))
-        else:
-            np.copyto(as_array(piece.local), as_array(remote))
+        _copy(piece.opcode, piece.local, remote)
         self._sink.done(piece)
+
+    def copy_now(self, opcode: OpCode, local: memoryview, peer: SegmentDescriptor, address: int) -> None:
+        """Copy on the caller's thread: for a small transfer the hand-off to a copy thread and
+        back costs far more than the copy. OSError/ValueError when the peer's region is gone."""
+        _copy(opcode, local, self._remote(peer, address, local.nbytes))
+
+    def _remote(self, peer: SegmentDescriptor, address: int, length: int) -> memoryview:
+        buffer = peer.find_buffer(address, length)
+        region = self._attach(peer.name, buffer)
+        if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
+            self._detach(buffer.shm_name)
+            raise FileNotFoundError(f"region {buffer.shm_name} was removed by its owner")
+        start = address - buffer.address
+        return region.view[start:start + length]
 
     def _attach(self, peer: str, buffer: BufferDesc) -> SharedRegion:
         name = buffer.shm_name
@@ -84,3 +89,10 @@ class ShmTransport(Transport):
             self._regions.clear()
         for region in regions:
             region.close()
+
+
+def _copy(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
+    if opcode == OpCode.WRITE:
+        np.copyto(as_array(remote), as_array(local))
+    else:
+        np.copyto(as_array(local), as_array(remote))
