@@ -16,6 +16,9 @@ Ops (args -> result; errors are the typed store errors):
     store.remove_all                        {force?}                         -> int
     store.mount_segment                     {client_id, segment}             -> nil
     store.unmount_segment                   {client_id, segment_id}          -> [lost keys]
+    store.add_disk_replica                  {client_id, key, segment_id, address, checksum} -> nil
+    store.promote_start                     {client_id, key, host?}          -> replica
+    store.promote_end / promote_revoke      {client_id, key}                 -> nil
     store.remount                           {client_id, segments, objects}   -> {accepted, rejected}
     store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
     store.inspect                           {what: counters|segments|objects|clients|key, key?}
@@ -108,6 +111,13 @@ class StoreService:
                 str_arg(a, "client_id"), segment_from_wire(a.get("segment")), now),
             "unmount_segment": lambda a, now: s.unmount_segment(
                 str_arg(a, "client_id"), str_arg(a, "segment_id"), now),
+            "add_disk_replica": lambda a, now: s.add_disk_replica(
+                str_arg(a, "client_id"), str_arg(a, "key"), str_arg(a, "segment_id"),
+                int_arg(a, "address"), int_arg(a, "checksum"), now),
+            "promote_start": lambda a, now: descriptors_to_wire([s.promote_start(
+                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "host", ""))])[0],
+            "promote_end": lambda a, now: s.promote_end(str_arg(a, "client_id"), str_arg(a, "key"), now),
+            "promote_revoke": lambda a, now: s.promote_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "remount": self._remount,
             "ping": self._ping,
             "inspect": self._inspect,

@@ -30,11 +30,17 @@ import xxhash
 from store.data_engine import open_engine
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError
 from store.master_client import MasterClient
-from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig
+from store.disk_reader import DiskReader
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.settings import Config, resolve
+
+
+# A move this small is copied on the calling thread when shared memory reaches the replica:
+# handing it to the engine's copy threads and waiting for them costs several times the copy.
+INLINE_BYTES = 1 << 20
 
 
 def checksum_of(view: Any) -> int:
@@ -51,12 +57,14 @@ class StoreClient:
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None
+        self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self._stop = threading.Event()
         self._pinger: threading.Thread | None = None
         try:
             if segment_size:
-                self.owner = SegmentOwner(self.engine, self.master, segment_size)
+                self.owner = SegmentOwner(self.engine, self.master, segment_size,
+                                          str(self.config.offload_dir or ""), self.config.bind_host)
                 if heartbeat:
                     self._pinger = threading.Thread(target=self._ping_loop, daemon=True, name="store-ping")
                     self._pinger.start()
@@ -75,6 +83,7 @@ class StoreClient:
                 self.owner.unmount()
             except MooncakeError:
                 pass  # the master is gone or already dropped us; the TTL cleans up
+        self.disk.close()
         self.engine.close()
         self.master.close()
 
@@ -213,14 +222,34 @@ class StoreClient:
                 del pending[i]
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
-            errors = self._move(OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in attempt])
-            for (i, _), error in zip(attempt, errors):
+            in_memory = [(i, r) for i, r in attempt if r.tier == ReplicaTier.MEMORY.value]
+            errors = dict(zip((i for i, _ in in_memory), self._move(
+                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
+            for i, replica in attempt:
+                error = errors[i] if i in errors else self.disk.read(lists[i].key, replica, targets[i][0])
                 if error is None:
                     error = self._verify(lists[i], targets[i][0], asked)
+                if error is None and i not in errors and lists[i].promote:
+                    self._promote(lists[i], targets[i][0])
                 if error is None or not pending[i]:
                     results[i] = error if error is not None else lists[i].size
                     del pending[i]
         return results
+
+    def _promote(self, replicas: ReplicaList, address: int) -> None:
+        """Copy an object just read from disk back into memory (best effort: it stays on disk)."""
+        try:
+            replica = self.master.promote_start(replicas.key, self.engine.host_id)
+        except MooncakeError:
+            return  # no room, or another reader promotes it
+        error = self._move(OpCode.WRITE, [(address, replica, replicas.size)])[0]
+        try:
+            if error is None:
+                self.master.promote_end(replicas.key)
+            else:
+                self.master.promote_revoke(replicas.key)
+        except MooncakeError:
+            pass  # removed, or its segment went meanwhile: nothing to finish
 
     def _verify(self, replicas: ReplicaList, address: int, asked: float) -> MooncakeError | None:
         if time.monotonic() > asked + replicas.lease_ttl:
@@ -231,22 +260,26 @@ class StoreClient:
         return None
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
-        """This host's replicas first (a shared-memory copy), then the others in master order."""
-        return sorted(replicas, key=lambda r: r.host != self.engine.host_id)
+        """Memory before disk; this host's first (a shared-memory copy), then in master order."""
+        return sorted(replicas, key=lambda r: (r.tier != ReplicaTier.MEMORY.value, r.host != self.engine.host_id))
 
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
         results: list[MooncakeError | None] = [None] * len(moves)
         requests, index = [], []
+        inline = sum(size for _, _, size in moves) <= INLINE_BYTES
         for n, (address, replica, size) in enumerate(moves):
             if size == 0:
                 continue
             try:
-                handle = self.engine.open_segment(replica.segment_name)
+                request = TransferRequest(opcode, address, self.engine.open_segment(replica.segment_name),
+                                          replica.address, size)
+                if inline and self.engine.transfer_now(request):
+                    continue
             except MooncakeError as exc:
                 results[n] = exc
                 continue
-            requests.append(TransferRequest(opcode, address, handle, replica.address, size))
+            requests.append(request)
             index.append(n)
         if not requests:
             return results

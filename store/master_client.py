@@ -12,13 +12,13 @@ from typing import Any
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
                         reported_to_wire, segment_to_wire)
-from transfer.rpc import RpcClient
+from transfer.leader import master_rpc
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0) -> None:
         self.address, self.client_id = address, client_id
-        self.rpc = RpcClient(address, timeout=timeout)
+        self.rpc = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
 
     def close(self) -> None:
         self.rpc.close()
@@ -75,6 +75,20 @@ class MasterClient:
 
     def inspect(self, what: str = "counters", key: str | None = None) -> Any:
         return self._call("inspect", what=what, **({"key": key} if key is not None else {}))
+
+    # -- the SSD tier ---------------------------------------------------------------------------
+    def add_disk_replica(self, key: str, segment_id: str, address: int, checksum: int) -> None:
+        self._call("add_disk_replica", client_id=self.client_id, key=key, segment_id=segment_id,
+                   address=address, checksum=checksum)
+
+    def promote_start(self, key: str, host: str) -> ReplicaDescriptor:
+        return descriptor_from_wire(self._call("promote_start", client_id=self.client_id, key=key, host=host))
+
+    def promote_end(self, key: str) -> None:
+        self._call("promote_end", client_id=self.client_id, key=key)
+
+    def promote_revoke(self, key: str) -> None:
+        self._call("promote_revoke", client_id=self.client_id, key=key)
 
     # -- segments and liveness (the segment owner's side) --------------------------------------
     def mount_segment(self, segment: Segment) -> None:

@@ -30,11 +30,12 @@ from store.placement import placement_order
 from store.policy import StorePolicy
 from store.segment_journal import SegmentJournal
 from store.stats import MasterStats
+from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 
 DEFAULT_CONFIG = ReplicateConfig()
 
 
-class MasterState(Membership):
+class MasterState(Membership, Tiering):
     def __init__(self, policy: StorePolicy = StorePolicy(), seed: int | None = None) -> None:
         self.policy = policy
         self.stats = MasterStats()
@@ -80,8 +81,8 @@ class MasterState(Membership):
             return self._allocate(client_id, key, size, now, config)
         if existing.leased(now):
             raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
-        if existing.size != size:
-            self._drop(existing)
+        if existing.size != size or not all(r.in_memory for r in existing.replicas):
+            self._drop(existing)  # a disk copy would be stale; overwrite in memory only
             return self._allocate(client_id, key, size, now, config)
         self.lru.pop(key, None)
         obj = self._new_object(client_id, key, size, now, config, existing.replicas)
@@ -146,9 +147,13 @@ class MasterState(Membership):
             raise ReplicaIsNotReady(f"{key!r} is still being written")
         obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
         obj.last_access = now
-        self.lru.move_to_end(key)
+        if key in self.lru:
+            self.lru.move_to_end(key)
+        elif obj.promoting is None:  # only on disk
+            obj.disk_reads += 1
         self.stats.num_leases_granted += 1
-        return ReplicaList(key, obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum)
+        promote = obj.promoting is None and obj.disk_reads >= PROMOTE_AFTER_DISK_READS
+        return ReplicaList(key, obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum, promote)
 
     def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
         return [_attempt(self.get_replica_list, k, now) for k in keys]
@@ -179,7 +184,7 @@ class MasterState(Membership):
 
     def remove_all(self, now: float, force: bool = False) -> int:
         """Remove every complete object with no lease (every complete one when forced)."""
-        doomed = [self.objects[k] for k in self.lru if force or not self.objects[k].leased(now)]
+        doomed = [o for o in self.objects.values() if o.complete and (force or not o.leased(now))]
         for obj in doomed:
             self._drop(obj)
         self.stats.num_removed += len(doomed)
@@ -202,7 +207,7 @@ class MasterState(Membership):
             if used - freed <= target:
                 break
             victims.append(obj)
-            freed += sum(self._block_bytes(r) for r in obj.replicas)
+            freed += sum(self._block_bytes(r) for r in obj.replicas if r.in_memory)
         return self._evict(victims)
 
     # == totals ===============================================================================
@@ -303,7 +308,7 @@ class MasterState(Membership):
         freed = dict.fromkeys(eligible, 0)
         victims = []
         for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
-            hits = [r for r in obj.replicas if r.segment_id in eligible]
+            hits = [r for r in obj.replicas if r.in_memory and r.segment_id in eligible]
             if not hits:
                 continue
             victims.append(obj)
@@ -316,23 +321,40 @@ class MasterState(Membership):
         return bool(victims)
 
     def _evict(self, victims: list[ObjectMeta]) -> list[str]:
+        """Free the victims' memory; one with a disk replica lives on there, out of the LRU."""
         for obj in victims:
-            self._drop(obj)
+            if all(r.in_memory for r in obj.replicas):
+                self._drop(obj)
+                continue
+            for replica in [r for r in obj.replicas if r.in_memory]:
+                self._free(obj.key, replica)
+            obj.replicas = [r for r in obj.replicas if not r.in_memory]
+            obj.disk_reads = 0
+            self.lru.pop(obj.key, None)
+            self.stats.num_evicted_to_disk += 1
         self.stats.num_evicted += len(victims)
         return [obj.key for obj in victims]
 
     def _drop(self, obj: ObjectMeta) -> None:
-        for replica in obj.replicas:
-            self.segments[replica.segment_id].allocator.free(replica.address)
-            self.journal.gone(replica.segment_id, obj.key, replica.address)
+        for replica in obj.replicas + ([obj.promoting] if obj.promoting else []):
+            self._free(obj.key, replica)
         del self.objects[obj.key]
         self.lru.pop(obj.key, None)
+
+    def _free(self, key: str, replica: Replica) -> None:
+        if replica.in_memory:
+            self.segments[replica.segment_id].allocator.free(replica.address)
+            self.journal.gone(replica.segment_id, key, replica.address)
+        else:
+            self.journal.disk_gone(replica.segment_id, key)
 
     def _block_bytes(self, replica: Replica) -> int:
         return self.segments[replica.segment_id].allocator.allocated_size(replica.address)
 
     def _describe(self, obj: ObjectMeta) -> list[ReplicaDescriptor]:
-        return [self.segments[r.segment_id].describe(r.address, obj.size) for r in obj.replicas]
+        """Memory replicas first: a reader tries them before any disk one."""
+        ordered = sorted(obj.replicas, key=lambda r: not r.in_memory)
+        return [self.segments[r.segment_id].describe(r, obj.size) for r in ordered]
 
 
 def _attempt(method, *args):

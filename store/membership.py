@@ -148,12 +148,18 @@ class Membership:
 
     def _unmount(self, segment: SegmentState) -> list[str]:
         lost = []
+        # A dead client's disk replicas go with its segment, like its memory ones.
         for obj in [o for o in self.objects.values() if any(r.segment_id == segment.segment_id for r in o.replicas)]:
             obj.replicas = [r for r in obj.replicas if r.segment_id != segment.segment_id]
             if not obj.replicas:
                 del self.objects[obj.key]
                 self.lru.pop(obj.key, None)
                 lost.append(obj.key)
+            elif not any(r.in_memory for r in obj.replicas):
+                self.lru.pop(obj.key, None)  # left only on disk elsewhere: nothing to evict
+        for obj in self.objects.values():
+            if obj.promoting is not None and obj.promoting.segment_id == segment.segment_id:
+                obj.promoting = None
         del self.segments[segment.segment_id]
         self.journal.forget(segment.segment_id)
         client = self.clients.get(segment.client_id)

@@ -20,6 +20,11 @@ class ReplicaStatus(str, enum.Enum):
     COMPLETE = "COMPLETE"
 
 
+class ReplicaTier(str, enum.Enum):
+    MEMORY = "MEMORY"  # a range of a mounted segment, moved by the transfer engine
+    DISK = "LOCAL_DISK"  # a file its segment's owner wrote under offload_dir, read through it
+
+
 class ClientStatus(str, enum.Enum):
     OK = "OK"
     NEED_REMOUNT = "NEED_REMOUNT"
@@ -35,6 +40,7 @@ class Segment:
     size: int
     endpoint: str = ""
     host: str = ""
+    disk_endpoint: str = ""  # the owner's RPC address serving its SSD tier; empty: none
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class ReplicaDescriptor:
     host: str
     address: int
     size: int
+    tier: str = ReplicaTier.MEMORY.value  # for DISK, ``endpoint`` is the owner's disk_endpoint
 
 
 @dataclass(frozen=True)
@@ -78,13 +85,19 @@ class ReplicaList:
     replicas: list[ReplicaDescriptor]
     lease_ttl: float  # the reader must finish within this many seconds of asking
     checksum: int | None
+    promote: bool = False  # read from disk often enough: the reader should copy it back to memory
 
 
 @dataclass
 class Replica:
     segment_id: str
-    address: int
+    address: int  # 0 for a DISK replica
     status: ReplicaStatus = ReplicaStatus.PROCESSING
+    tier: ReplicaTier = ReplicaTier.MEMORY
+
+    @property
+    def in_memory(self) -> bool:
+        return self.tier is ReplicaTier.MEMORY
 
 
 @dataclass
@@ -100,6 +113,9 @@ class ObjectMeta:
     lease_deadline: float = 0.0
     last_access: float = 0.0
     checksum: int | None = None
+    disk_reads: int = 0  # leases granted while only disk replicas existed
+    promoting: Replica | None = None  # a memory replica being written back from disk
+    promoting_owner: str = ""  # the client writing it: only it may end or revoke the promotion
 
     @property
     def complete(self) -> bool:
@@ -126,9 +142,11 @@ class SegmentState:
     def free_ratio(self) -> float:
         return self.allocator.num_free_bytes / self.allocator.capacity if self.allocator.capacity else 0.0
 
-    def describe(self, address: int, size: int) -> ReplicaDescriptor:
+    def describe(self, replica: Replica, size: int) -> ReplicaDescriptor:
         s = self.spec
-        return ReplicaDescriptor(s.segment_id, s.name, s.endpoint, s.host, address, size)
+        if replica.in_memory:
+            return ReplicaDescriptor(s.segment_id, s.name, s.endpoint, s.host, replica.address, size)
+        return ReplicaDescriptor(s.segment_id, s.name, s.disk_endpoint, s.host, 0, size, replica.tier.value)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class SegmentChange:
     seq: int
-    kind: str  # "complete" | "gone"
+    kind: str  # "complete" | "gone" (a memory replica) | "disk_gone" (the file may go)
     key: str
     address: int
     size: int = 0
@@ -48,6 +48,9 @@ class SegmentJournal:
 
     def gone(self, segment_id: str, key: str, address: int) -> None:
         self._append(segment_id, "gone", key, address)
+
+    def disk_gone(self, segment_id: str, key: str) -> None:
+        self._append(segment_id, "disk_gone", key, 0)
 
     def forget(self, segment_id: str) -> None:
         """The segment was unmounted: its owner will not ask again."""

@@ -6,31 +6,54 @@ remote ones reach it over TCP. Other clients write objects into it; the owner le
 through the changes the master returns with each ping (:mod:`store.segment_journal`) and keeps
 that record, so that when a ping is answered NEED_REMOUNT (the master restarted, or dropped us
 as silent) it re-mounts and re-reports every complete object it holds.
+
+With an SSD tier (``offload_dir``) the owner also copies each object it learns of to a file
+(:mod:`store.disk_tier`) and reports it as a disk replica, so the object outlives its eviction
+from memory; it serves those files to readers on its own small RPC server (``store.disk_read``,
+the segment's ``disk_endpoint``), and deletes a file when the master says its replica is gone.
+Only objects with a checksum are offloaded: the copy is checked against it, since the range may
+have been evicted and reused before the owner read it.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from pathlib import Path
 
+import xxhash
+
+from store.disk_tier import DiskTier
 from store.master_client import MasterClient
 from store.objects import ClientStatus, ReportedObject, Segment
 from transfer.engine import TransferEngine
+from store.errors import InvalidParams
 from transfer.errors import MooncakeError
 from transfer.memory import address_of
+from transfer.rpc import Reply, Request, RpcServer
 
 log = logging.getLogger(__name__)
 
 
 class SegmentOwner:
-    def __init__(self, engine: TransferEngine, master: MasterClient, size: int) -> None:
+    def __init__(self, engine: TransferEngine, master: MasterClient, size: int,
+                 offload_dir: str = "", host: str = "127.0.0.1") -> None:
         self.engine, self.master = engine, master
         self.buffer = engine.allocate_shared_buffer(size)
+        self.disk: DiskTier | None = None
+        self.disk_server: RpcServer | None = None
+        if offload_dir:
+            self.disk = DiskTier(Path(offload_dir) / master.client_id)
+            self.disk_server = RpcServer(f"tcp://{host}:*")
+            self.disk_server.register("store.disk_read", self._disk_read, blocking=True)
+            self.disk_server.start()
         self.segment = Segment(f"{engine.name}/seg-{uuid.uuid4().hex[:8]}", engine.name,
-                               address_of(self.buffer), size, engine.rpc_address, engine.host_id)
+                               address_of(self.buffer), size, engine.rpc_address, engine.host_id,
+                               self.disk_server.address if self.disk_server else "")
         self.record: dict[str, ReportedObject] = {}  # complete objects in our segment, by key
         self.acked = 0  # the last journal change applied to the record
         self.num_remounts = 0
+        self.num_offloaded = 0
         master.mount_segment(self.segment)
 
     def heartbeat(self, timeout: float) -> str:
@@ -58,15 +81,52 @@ class SegmentOwner:
                  len(outcome["accepted"]), len(outcome["rejected"]))
 
     def unmount(self) -> None:
-        # Short deadline: on shutdown a master that is gone must not hold up our exit.
-        self.master.unmount_segment(self.segment.segment_id, timeout=1.0)
+        try:
+            # Short deadline: on shutdown a master that is gone must not hold up our exit.
+            self.master.unmount_segment(self.segment.segment_id, timeout=1.0)
+        finally:
+            if self.disk is not None:
+                self.disk_server.stop(drain_timeout=0.5)
+                self.disk.destroy()  # its replicas left the pool with the segment
 
     def _apply(self, changes: list[dict]) -> None:
+        completed = []
         for change in changes:
             key = change["key"]
             if change["kind"] == "complete":
                 self.record[key] = ReportedObject(key, self.segment.segment_id, change["address"],
                                                   change["size"], change["checksum"], change["hard_pinned"])
+                completed.append(self.record[key])
+            elif change["kind"] == "disk_gone":
+                if self.disk is not None:
+                    self.disk.remove(key)
             elif key in self.record and self.record[key].address == change["address"]:
                 del self.record[key]
             self.acked = change["seq"]
+        if self.disk is not None:
+            for report in completed:
+                self._offload(report)
+
+    def _offload(self, report: ReportedObject) -> None:
+        """Copy one object of our segment to disk and report the disk replica."""
+        if report.checksum is None or self.record.get(report.key) != report:
+            return
+        start = report.address - self.segment.base
+        data = bytes(self.buffer[start:start + report.size])  # one read: check what we write
+        if xxhash.xxh3_64_intdigest(data) != report.checksum:
+            return  # evicted and overwritten since it completed
+        self.disk.write(report.key, memoryview(data), report.checksum)
+        try:
+            self.master.add_disk_replica(report.key, self.segment.segment_id, report.address,
+                                         report.checksum)
+            self.num_offloaded += 1
+        except MooncakeError as exc:
+            log.info("disk copy of %r not recorded (%s): removed", report.key, exc.message)
+            self.disk.remove(report.key)
+
+    def _disk_read(self, request: Request) -> Reply:
+        key = request.args.get("key")
+        if not isinstance(key, str):
+            raise InvalidParams("disk_read needs a string 'key'")
+        data, checksum = self.disk.read(key)
+        return Reply({"size": data.nbytes, "checksum": checksum}, [data])

@@ -14,6 +14,9 @@ class MasterStats:
     num_partial_allocations: int = 0  # puts that got fewer replicas than asked for
     num_allocation_failures: int = 0  # NO_AVAILABLE_HANDLE answers
     num_evicted: int = 0
+    num_evicted_to_disk: int = 0  # evicted from memory but kept as a disk replica
+    num_offloaded: int = 0  # disk replicas recorded
+    num_promoted: int = 0  # disk-only objects copied back to memory
     num_removed: int = 0
     num_leases_granted: int = 0
     num_expired_clients: int = 0

@@ -19,6 +19,7 @@ def counters_view(state: MasterState) -> dict:
         "num_segments": len(state.segments),
         "num_clients": len(state.clients),
         "num_objects": len(state.objects),
+        "num_disk_replicas": sum(not r.in_memory for o in state.objects.values() for r in o.replicas),
         "capacity_bytes": capacity,
         "used_bytes": used,
         "used_ratio": used / capacity if capacity else 0.0,
@@ -74,6 +75,6 @@ def _object_row(state: MasterState, obj: ObjectMeta, now: float) -> dict:
         "checksum": obj.checksum,
         "replicas": [{
             "segment_id": r.segment_id, "address": r.address, "status": r.status.value,
-            "host": state.segments[r.segment_id].spec.host,
+            "tier": r.tier.value, "host": state.segments[r.segment_id].spec.host,
         } for r in obj.replicas],
     }

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from store.errors import InvalidParams, MooncakeError
-from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
+from store.objects import (ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier, ReportedObject,
+                           Segment)
 from transfer.errors import error_from_wire
 
 
@@ -99,7 +100,8 @@ def segment_to_wire(segment: Segment) -> dict:
 def segment_from_wire(data: Any) -> Segment:
     data = _map(data, "segment")
     return Segment(str_arg(data, "segment_id"), str_arg(data, "name"), int_arg(data, "base"),
-                   int_arg(data, "size"), str_arg(data, "endpoint", ""), str_arg(data, "host", ""))
+                   int_arg(data, "size"), str_arg(data, "endpoint", ""), str_arg(data, "host", ""),
+                   str_arg(data, "disk_endpoint", ""))
 
 
 def reported_to_wire(report: ReportedObject) -> dict:
@@ -117,7 +119,8 @@ def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
     data = _map(data, "replica")
     return ReplicaDescriptor(str_arg(data, "segment_id"), str_arg(data, "segment_name"),
                              str_arg(data, "endpoint"), str_arg(data, "host"),
-                             int_arg(data, "address"), int_arg(data, "size"))
+                             int_arg(data, "address"), int_arg(data, "size"),
+                             str_arg(data, "tier", ReplicaTier.MEMORY.value))
 
 
 def descriptors_to_wire(replicas: list[ReplicaDescriptor]) -> list[dict]:
@@ -126,14 +129,16 @@ def descriptors_to_wire(replicas: list[ReplicaDescriptor]) -> list[dict]:
 
 def replica_list_to_wire(replicas: ReplicaList) -> dict:
     return {"key": replicas.key, "size": replicas.size, "lease_ttl": replicas.lease_ttl,
-            "checksum": replicas.checksum, "replicas": descriptors_to_wire(replicas.replicas)}
+            "checksum": replicas.checksum, "replicas": descriptors_to_wire(replicas.replicas),
+            "promote": replicas.promote}
 
 
 def replica_list_from_wire(data: Any) -> ReplicaList:
     data = _map(data, "replica list")
     return ReplicaList(str_arg(data, "key"), int_arg(data, "size"),
                        [descriptor_from_wire(r) for r in _list(data.get("replicas"), "replicas")],
-                       float(data.get("lease_ttl", 0.0)), optional_int(data.get("checksum"), "checksum"))
+                       float(data.get("lease_ttl", 0.0)), optional_int(data.get("checksum"), "checksum"),
+                       bool(data.get("promote", False)))
 
 
 # -- batch answers -------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ def _left(seconds: float | None) -> str:
     return "-" if not seconds else f"{seconds:.1f}s"
 
 
+def _replica(row: dict) -> str:
+    return row["segment_id"] + (" (disk)" if row["tier"] == "LOCAL_DISK" else "")
+
+
 def _render(what: str, data) -> Table:
     if what == "counters":
         table = Table("counter", "value", title="store")
@@ -48,7 +52,7 @@ def _render(what: str, data) -> Table:
     table = Table("key", "size", "state", "lease left", "soft pin left", "hard pin", "replicas", title="objects")
     for o in rows:
         table.add_row(o["key"], str(o["size"]), o["state"], _left(o["lease_left"]), _left(o["soft_pin_left"]),
-                      "yes" if o["hard_pinned"] else "", ", ".join(r["segment_id"] for r in o["replicas"]))
+                      "yes" if o["hard_pinned"] else "", ", ".join(_replica(r) for r in o["replicas"]))
     return table
 
 

@@ -1,0 +1,96 @@
+"""The master's SSD tier: disk replicas that segment owners report, and promotion back to memory.
+
+A store client with ``offload_dir`` writes each complete object of its segment to a local file
+(it learns of them from its ping changes) and reports it here: the object gains a DISK replica
+on that segment. Eviction then frees only the memory replicas of such an object; it stays
+readable from disk (through the owner) and leaves the LRU, which orders memory only. A disk
+replica goes with its segment: a dead or unmounted owner takes its files' replicas along.
+
+Promotion: once ``PROMOTE_AFTER_DISK_READS`` leases were granted on an object held only on
+disk, the replica list says ``promote``; that reader, after its disk read, asks
+:meth:`promote_start` for one memory replica, writes it and calls :meth:`promote_end`. The
+object stays complete and readable from disk meanwhile (the new replica is kept aside until it
+is complete).
+
+Mixed into :class:`store.master_state.MasterState` (its segments, objects, lru, journal, stats).
+"""
+
+from __future__ import annotations
+
+from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, ObjectNotFound,
+                          ReplicaIsNotReady, SegmentNotFound)
+from store.objects import ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus, ReplicaTier
+from store.placement import placement_order
+
+PROMOTE_AFTER_DISK_READS = 2
+
+
+class Tiering:
+    def add_disk_replica(self, client_id: str, key: str, segment_id: str, address: int,
+                         checksum: int | None, now: float) -> None:
+        """Record that the owner of ``segment_id`` wrote ``key`` to disk from its memory replica
+        at ``address`` with ``checksum``. Refused unless that replica still holds that object
+        (it may have been evicted and the range reused before the owner copied it)."""
+        self._touch(client_id, now)
+        segment = self.segments.get(segment_id)
+        if segment is None:
+            raise SegmentNotFound(f"segment {segment_id!r} is not mounted")
+        if segment.client_id != client_id:
+            raise IllegalClient(f"segment {segment_id!r} belongs to another client")
+        obj = self._complete(key)
+        if checksum is None or obj.checksum != checksum or not any(
+                r.in_memory and r.segment_id == segment_id and r.address == address for r in obj.replicas):
+            raise InvalidParams(f"{key!r} no longer is the object at {address:#x} of {segment_id!r}")
+        if any(not r.in_memory and r.segment_id == segment_id for r in obj.replicas):
+            return  # a retried report
+        obj.replicas.append(Replica(segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK))
+        self.stats.num_offloaded += 1
+
+    def promote_start(self, client_id: str, key: str, now: float, host: str = "") -> ReplicaDescriptor:
+        """One new memory replica for an object held only on disk (best effort: no eviction)."""
+        self._touch(client_id, now)
+        obj = self._complete(key)
+        if obj.promoting is not None or any(r.in_memory for r in obj.replicas):
+            raise InvalidParams(f"{key!r} is already in memory or being promoted")
+        order = placement_order(self.policy.allocation_strategy, list(self.segments.values()), (),
+                                lambda s: s.client_id == client_id or bool(host and s.spec.host == host),
+                                self._rng)
+        for segment in order:
+            if segment.allocator.can_allocate(obj.size):
+                obj.promoting = Replica(segment.segment_id, segment.allocator.allocate(obj.size))
+                obj.promoting_owner = client_id
+                return segment.describe(obj.promoting, obj.size)
+        raise NoAvailableHandle(f"no segment has {obj.size} free bytes to promote {key!r}")
+
+    def promote_end(self, client_id: str, key: str, now: float) -> None:
+        obj = self._promoting(client_id, key, now)
+        replica, obj.promoting = obj.promoting, None
+        replica.status = ReplicaStatus.COMPLETE
+        obj.replicas.insert(0, replica)
+        obj.disk_reads = 0
+        self.journal.completed(replica.segment_id, key, replica.address, obj.size, obj.checksum,
+                               obj.hard_pinned)
+        self.lru[key] = None
+        self.stats.num_promoted += 1
+
+    def promote_revoke(self, client_id: str, key: str, now: float) -> None:
+        obj = self._promoting(client_id, key, now)
+        self.segments[obj.promoting.segment_id].allocator.free(obj.promoting.address)
+        obj.promoting = None
+
+    def _complete(self, key: str) -> ObjectMeta:
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFound(f"no object {key!r}")
+        if not obj.complete:
+            raise ReplicaIsNotReady(f"{key!r} is still being written")
+        return obj
+
+    def _promoting(self, client_id: str, key: str, now: float) -> ObjectMeta:
+        self._touch(client_id, now)
+        obj = self.objects.get(key)
+        if obj is None or obj.promoting is None:
+            raise ObjectNotFound(f"{key!r} is not being promoted (removed, or its segment went)")
+        if obj.promoting_owner != client_id:
+            raise IllegalClient(f"{key!r} is being promoted by another client")
+        return obj

@@ -1,0 +1,42 @@
+"""The SSD tier with real daemons: a segment too small for what is put evicts to disk, every
+object stays readable byte for byte, and one read twice from disk comes back into memory."""
+
+from __future__ import annotations
+
+from store_cluster import FAST, client_for, value_for, wait_until
+
+SIZE = 256 * 1024
+COUNT = 40  # 10 MiB into an 8 MiB segment
+
+
+def tiers(client, key) -> list[str]:
+    return [r["tier"] for r in client.master.inspect("key", key)["replicas"]]
+
+
+def test_evicted_objects_are_read_back_from_disk_and_promoted_after_two_reads(mooncake, tmp_path):
+    ssd = tmp_path / "ssd"
+    mooncake.json("up", env={**FAST, "MOONCAKE_OFFLOAD_DIR": str(ssd)})
+    keys = [f"obj-{i}" for i in range(COUNT)]
+    with client_for(mooncake.workdir) as client:
+        for key in keys:
+            client.put(key, value_for(key, SIZE))
+            # The owner copies it to disk on its next ping (every 100 ms), before it can be evicted.
+            wait_until(lambda: "LOCAL_DISK" in tiers(client, key), timeout=5)
+        counters = client.master.inspect()
+        assert counters["num_evicted_to_disk"] > 0 and counters["num_objects"] == COUNT
+        on_disk_only = [k for k in keys if tiers(client, k) == ["LOCAL_DISK"]]
+        assert on_disk_only
+        for key in keys:
+            assert bytes(client.get(key)) == value_for(key, SIZE)
+
+        # The first reads above were one disk read each; the second asks for promotion.
+        key = next(k for k in on_disk_only if tiers(client, k) == ["LOCAL_DISK"])
+        assert bytes(client.get(key)) == value_for(key, SIZE)
+        assert tiers(client, key) == ["MEMORY", "LOCAL_DISK"]
+        assert bytes(client.get(key)) == value_for(key, SIZE)
+        assert client.master.inspect()["num_promoted"] >= 1
+
+        client.remove(key, force=True)
+        wait_until(lambda: len(list(ssd.rglob("*.obj"))) == COUNT - 1, timeout=5)
+    mooncake("down")
+    assert not list(ssd.rglob("*.obj"))  # the owner's files leave with its segment
