@@ -303,7 +303,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("store", "checksum", "bool", True,
        "Checksum every object on put and verify it on get."),
     _s("store", "offload_dir", "path", "",
-       "Directory for the SSD tier (objects evicted from memory); empty disables it."),
+       "Directory for the SSD tier: each store client copies its segment's objects to files "
+       "there, so objects evicted from memory stay readable; empty disables it."),
     # model: the torch model the prefill and decode workers run
     _s("model", "model_dir", "path", "",
        "Local Llama checkpoint (config.json + *.safetensors); empty: the tiny random model."),
