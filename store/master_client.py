@@ -12,13 +12,13 @@ from typing import Any
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
                         reported_to_wire, segment_to_wire)
-from transfer.leader import master_rpc
+from transfer.rpc import RpcClient
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0) -> None:
         self.address, self.client_id = address, client_id
-        self.rpc = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
+        self.rpc = RpcClient(address, timeout=timeout)
 
     def close(self) -> None:
         self.rpc.close()
