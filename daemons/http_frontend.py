@@ -55,9 +55,32 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    # -- routes --------------------------------------------------------------------------------
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.responded = True
+        super().send_response(code, message)
 
     def do_GET(self) -> None:
+        self._guarded(self._get)
+
+    def do_POST(self) -> None:
+        self._guarded(self._post)
+
+    def _guarded(self, route: Any) -> None:
+        """Run a route so that an unexpected error still answers 500 with its message, instead
+        of the server dropping the connection with no response at all."""
+        self.responded = False
+        try:
+            route()
+        except OSError:
+            raise  # the client went away; there is nobody to answer
+        except Exception as exc:
+            log.exception("%s %s failed", self.command, self.path)
+            if not self.responded:
+                self._json(500, _error_body(f"internal error: {type(exc).__name__}: {exc}", "internal", 500))
+
+    # -- routes --------------------------------------------------------------------------------
+
+    def _get(self) -> None:
         if self.path == "/metrics":
             text = self.server.service.metrics.render(self.server.service.gauges)
             self._send(200, text.encode(), "text/plain; version=0.0.4")
@@ -68,7 +91,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, _error_body(f"no route GET {self.path}", "not_found", 404))
 
-    def do_POST(self) -> None:
+    def _post(self) -> None:
         if self.path != "/v1/completions":
             self._json(404, _error_body(f"no route POST {self.path}", "not_found", 404))
             return

@@ -58,3 +58,15 @@ def test_a_request_predicted_to_miss_the_ttft_slo_is_rejected_early_with_retry_a
     assert error["reason"] == "reject_ttft" and "predicted TTFT" in error["message"]
     assert metric(url, "mooncake_rejections_total", reason="reject_ttft") == 1
     assert not service.flights and not service.conductor.inflight  # nothing left behind
+
+
+def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(frontend, monkeypatch):
+    url, service = frontend()
+
+    def broken_submit(request):
+        raise KeyError("a bug in the service")
+
+    monkeypatch.setattr(service, "submit", broken_submit)
+    status, _, data = request(url, "POST", "/v1/completions", b'{"prompt": "hi"}')
+    assert status == 500 and "KeyError" in json.loads(data)["error"]["message"]
+    assert request(url, "GET", "/health")[0] == 503  # still answering
