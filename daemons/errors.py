@@ -19,3 +19,7 @@ class DaemonStartFailed(MooncakeError):
     def __init__(self, daemon: str, reason: str = "", log_tail: str = "") -> None:
         self.daemon, self.reason, self.log_tail = daemon, reason, log_tail
         super().__init__(f"daemon '{daemon}' failed to start: {reason}")
+
+
+class AddressNotReachable(MooncakeError):
+    code, name = -1003, "ADDRESS_NOT_REACHABLE"

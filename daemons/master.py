@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from daemons.base import Daemon
+from daemons.ha_master import start_election
 from daemons.master_store import StoreService
 from transfer.metadata_table import MetadataTable, serve_metadata
 
@@ -19,15 +20,29 @@ class MasterDaemon(Daemon):
     role = "master"
     tick_interval = 0.05  # eviction and liveness react within 50 ms (Mooncake polls every 10 ms)
 
+    election = None  # with ha_backend etcd: this master's campaign (daemons.ha_master)
+
     def setup(self) -> None:
+        if self.config.ha_backend == "etcd":
+            self.election = start_election(self, self._install_state)
+        else:
+            self._install_state(self.server)
+
+    def _install_state(self, server: Any) -> None:
+        """Fresh, empty metadata and store state, its ops registered on ``server``."""
         self.segment_descriptors = MetadataTable()
-        serve_metadata(self.server, self.segment_descriptors)
+        serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config)
-        self.store.register(self.server)
+        self.store.register(server)
 
     def tick(self, now: float) -> None:
         self.store.tick(now)
 
+    def teardown(self) -> None:
+        if self.election is not None:
+            self.election.stop()
+
     def describe(self) -> dict[str, Any]:
+        ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}
         return {"num_segment_descriptors": len(self.segment_descriptors.names()),
-                **self.store.describe()}
+                **self.store.describe(), **ha}

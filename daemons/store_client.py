@@ -23,14 +23,15 @@ class StoreClientDaemon(Daemon):
     tick_interval = 0.05
 
     def setup(self) -> None:
-        master = read_json(self.paths.announce_file("master"))
+        # --master (an address or etcd://...) names a master on another host; else ours.
+        master = self.config.master or (read_json(self.paths.announce_file("master")) or {}).get("address")
         if not master:
             raise RuntimeError("no master announced in this workdir: start the master first")
         matrix_file = self.paths.topology_file
         matrix, _ = topology.load_or_discover(
             str(matrix_file) if matrix_file.exists() else self.config.topology,
             self.config.sysfs_root, self.config.include_virtual)
-        self.client = StoreClient(master["address"], self.config, segment_size=self.config.segment_size,
+        self.client = StoreClient(master, self.config, segment_size=self.config.segment_size,
                                   heartbeat=False, topology=matrix, shm_prefix=shm_prefix(self.cluster_id),
                                   client_id=f"{self.name}-{self.cluster_id}-{self.started_at:.0f}")
         self.next_ping = 0.0

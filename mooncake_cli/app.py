@@ -6,8 +6,8 @@ import logging
 
 import typer
 
-from mooncake_cli.commands import (bench, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
-                                   generate, inspect, sim, start, store, topo)
+from mooncake_cli.commands import (bench, bench_failover, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer, cluster, config,
+                                   generate, inspect, sim, start, start_role, store, topo)
 
 app = typer.Typer(
     name="mooncake",
@@ -26,12 +26,14 @@ store.register(app)
 inspect.register(app)
 app.command("generate")(generate.generate)
 app.add_typer(start.app, name="start")
+start_role.register(start.app)
 app.add_typer(bench.app, name="bench")
 bench.app.command("sched")(bench_sched.sched)
 bench.app.command("transfer")(bench_transfer.transfer)
 bench.app.command("store")(bench_store.store)
 bench.app.command("serve")(bench_serve.serve)
 bench.app.command("prefill")(bench_prefill.prefill)
+bench.app.command("failover")(bench_failover.failover)
 
 
 def main() -> None:

@@ -12,13 +12,13 @@ from typing import Any
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
                         reported_to_wire, segment_to_wire)
-from transfer.rpc import RpcClient
+from transfer.leader import master_rpc
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0) -> None:
         self.address, self.client_id = address, client_id
-        self.rpc = RpcClient(address, timeout=timeout)
+        self.rpc = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
 
     def close(self) -> None:
         self.rpc.close()

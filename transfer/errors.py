@@ -132,6 +132,12 @@ class ShuttingDown(RpcError):
     code, name = -905, "SHUTTING_DOWN"
 
 
+class NotLeader(RpcError):
+    """A standby master (or one that lost its etcd lease) refuses store and metadata ops: the
+    caller should find the current leader and ask it instead."""
+    code, name = -907, "NOT_LEADER"
+
+
 class HandlerFailed(RpcError):
     """The handler raised something that is not a MooncakeError: a bug on the daemon side."""
 

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
 from transfer.metadata_table import MetadataTable
+from transfer.leader import master_rpc
 from transfer.rpc import RpcClient
 
 P2P = "P2PHANDSHAKE"
@@ -47,7 +48,7 @@ class LocalMetadata:
 
 class MasterMetadata:
     def __init__(self, address: str, timeout: float = 5.0) -> None:
-        self._client = RpcClient(address, timeout=timeout)
+        self._client = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
 
     def publish(self, descriptor: SegmentDescriptor) -> int:
         return int(self._client.call("te.meta.put", {"descriptor": descriptor.to_wire()})["version"])

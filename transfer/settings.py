@@ -341,6 +341,20 @@ SETTINGS: tuple[Setting, ...] = (
     _s("serving", "prefill_chunk", "int", 1024,
        "Tokens per chunk of chunked pipeline-parallel prefill (rounded up to whole KV blocks); "
        "prompts no longer than this run on one worker.", minimum=1),
+    # ha: running across hosts, and master election on etcd
+    _s("ha", "ha_backend", "choice", "none",
+       "Master election: none (one master) or etcd (a leader and standbys).", choices=("none", "etcd")),
+    _s("ha", "etcd_endpoints", "str", "",
+       "etcd endpoints host:port[,host:port] for ha_backend etcd."),
+    _s("ha", "cluster_id", "str", "mooncake",
+       "Cluster name in etcd keys (mooncake-store/<cluster_id>/master_view)."),
+    _s("ha", "ha_lease_ttl", "duration", 5.0,
+       "The leader's etcd lease; a standby takes over this long after the leader goes silent."),
+    _s("ha", "advertise_address", "str", "",
+       "Address other hosts reach this daemon at (empty: bind_host)."),
+    _s("ha", "master", "str", "",
+       "Master to use: ADDR (tcp://host:port or host:port) or etcd://host:port[,host:port]; "
+       "empty: the cluster in workdir."),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS))

@@ -30,11 +30,12 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
+from daemons.advertise import check_reachable
 from daemons.master import MasterDaemon
 from daemons.paths import ClusterPaths, read_json, write_json_atomic
 from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, fail
+from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from transfer.http_metadata import HttpMetadataServer
 from transfer.errors import MooncakeError
 from transfer.rpc import RpcClient
@@ -68,7 +69,7 @@ BOOL_GFLAGS = {"--enable_http_metadata_server"}
 
 
 @app.command("master", cls=_GflagsCommand)
-@settings_options("cluster", "rpc", "store")
+@settings_options("cluster", "rpc", "store", "ha")
 def master(
     foreground: bool = typer.Option(False, "--foreground", help="Run in this process until SIGTERM or Ctrl-C."),
     rpc_port: Optional[int] = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
@@ -109,6 +110,10 @@ def master(
     http = None
     if enable_http_metadata_server:
         http = (http_metadata_server_host or config.bind_host, http_metadata_server_port)
+    try:
+        check_reachable(config, NAME)  # standbys and clients on other hosts find us at this address
+    except MooncakeError as exc:
+        fail_on(exc)
     paths = ClusterPaths.of(config.workdir)
     if NAME in live_daemons(paths):
         fail(f"a master is already running in {paths.workdir}; stop it with `mooncake down`")

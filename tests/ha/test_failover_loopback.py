@@ -1,0 +1,32 @@
+"""Master failover on loopback: a standby takes over, clients follow it, no object is lost."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemons.etcd_server import EtcdServer
+from daemons.ha_scenario import run_failover
+from transfer.leader import MasterView
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    server = EtcdServer(tmp_path / "etcd")
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+def test_standby_takes_over_and_clients_follow(etcd, tmp_path):
+    outcome = run_failover(tmp_path / "cluster", etcd.endpoints, num_objects=50, object_size=4096, ttl=2.0)
+    assert outcome["leader_after"] != outcome["leader_before"]
+    assert outcome["failover_s"] < 10
+    assert outcome["wrong_bytes"] == 0
+    print(f"failover (SIGKILL of the leader -> first good put): {outcome['failover_s']:.2f}s")
+
+
+def test_a_cluster_without_a_leader_is_reported(etcd):
+    assert MasterView(f"etcd://{etcd.endpoints}/nobody").leader() is None
