@@ -102,24 +102,27 @@ class BatchMixin:
 
     def get_batch_transfer_status(self, batch_id: int) -> TransferStatus:
         """The worst status among the batch's requests, with the bytes moved by all of them."""
+        return _summarize(self._request_statuses(batch_id))
+
+    def _request_statuses(self, batch_id: int) -> list[TransferStatus]:
         with self._batch_lock:
             tasks = list(self._batch(batch_id).tasks)
         now = time.monotonic()
-        statuses = [t.status(now) for t in tasks]
-        worst = min((s.status for s in statuses), key=_SEVERITY.index, default=Status.COMPLETED)
-        errors = [s.error for s in statuses if s.error]
-        return TransferStatus(worst, sum(s.transferred_bytes for s in statuses),
-                              errors[0] if errors else "")
+        return [t.status(now) for t in tasks]
 
     def wait_batch(self, batch_id: int, timeout: float | None = None) -> TransferStatus:
-        """Block until no request of the batch is pending (each has a deadline, so this ends)."""
+        """Block until no request of the batch is pending (each has a deadline, so this ends).
+
+        The summary's worst status turns FAILED as soon as one request fails, while others may
+        still be retrying on another path; waiting for every request keeps a caller that frees
+        or reuses the batch (or its buffers) from racing with requests still in flight.
+        """
         limit = None if timeout is None else time.monotonic() + timeout
         while True:
-            status = self.get_batch_transfer_status(batch_id)
-            if status.status != Status.PENDING:
-                return status
-            if limit is not None and time.monotonic() >= limit:
-                return status
+            statuses = self._request_statuses(batch_id)
+            in_flight = any(s.status == Status.PENDING for s in statuses)
+            if not in_flight or (limit is not None and time.monotonic() >= limit):
+                return _summarize(statuses)
             with self._progress:
                 self._progress.wait(0.05)
 
@@ -195,3 +198,9 @@ class BatchMixin:
             return
         piece.attempt += 1
         piece.transport.submit([piece])
+
+
+def _summarize(statuses: list[TransferStatus]) -> TransferStatus:
+    worst = min((s.status for s in statuses), key=_SEVERITY.index, default=Status.COMPLETED)
+    errors = [s.error for s in statuses if s.error]
+    return TransferStatus(worst, sum(s.transferred_bytes for s in statuses), errors[0] if errors else "")
