@@ -23,6 +23,7 @@ from scheduler.admission import DecodeForecast
 from scheduler.algorithm import choose_decode, choose_prefill
 from scheduler.cache_index import CacheIndex
 from scheduler.config import SchedulerConfig
+from scheduler.cpp import CppPrefillTimeModel
 from scheduler.errors import NoInstances, UnknownRequest
 from scheduler.instances import DecodeBatch, PrefillQueue
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
@@ -30,6 +31,8 @@ from scheduler.types import REJECT_TBT, REJECT_TTFT, Decision, ScheduleRequest
 
 PREFILL_SAMPLES = 512  # recent worker timings the prefill model is fitted on
 PREFILL_REFIT = 64  # samples between refits: a fit costs ~100 us, a decision ~50 us
+DECODE_SAMPLES = 512  # recent decode steps the TBT model is fitted on
+DECODE_REFIT = 64  # steps between refits (a busy decode worker reports hundreds a second)
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Conductor:
         self.forecast = DecodeForecast()
         self.prefill_samples: deque[tuple[int, int, float]] = deque(maxlen=PREFILL_SAMPLES)
         self._since_refit = 0
+        self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=DECODE_SAMPLES)
+        self._since_decode_refit = 0
         self.prefill: dict[str, PrefillQueue] = {}
         self.decode: dict[str, DecodeBatch] = {}
         self.inflight: dict[str, _InFlight] = {}
@@ -141,14 +146,24 @@ class Conductor:
         if flight.decode_id in self.decode:
             self.decode[flight.decode_id].release(request_id)
 
-    def observe_prefill(self, input_length: int, prefix_tokens: int, seconds: float) -> bool:
+    def observe_prefill(self, input_length: int, prefix_tokens: int, seconds: float,
+                        instance_id: str | None = None) -> bool:
         """A worker's measured prefill time; refits the prefill model every ``PREFILL_REFIT``
         samples by least squares over the last ``PREFILL_SAMPLES``. True when it refitted.
 
         Profiled coefficients drift from what the workers achieve (other kernels, other
         hardware, a shifted length mix); the TTFT estimates, and so every choice, follow the
         workers only if the model is refitted from what they report.
+
+        The shared model is one worker's: a CPP group's pipelined prefill (``instance_id``
+        plans with a :class:`CppPrefillTimeModel` and the prompt had more new tokens than its
+        chunk) runs faster than that curve and would bend it, so it is left out. A group's
+        short prompt ran on its first stage alone, which is one worker's run, and counts.
+        A group's model is built on the shared one, so it follows the refit too.
         """
+        group = self.prefill[instance_id].model if instance_id in self.prefill else None
+        if isinstance(group, CppPrefillTimeModel) and input_length - prefix_tokens > group.chunk:
+            return False
         self.prefill_samples.append((input_length, prefix_tokens, seconds))
         self._since_refit += 1
         if self._since_refit < PREFILL_REFIT:
@@ -158,6 +173,30 @@ class Conductor:
             self.prefill_model = PrefillTimeModel.fit(self.prefill_samples)
         except ValueError:
             return False  # too uniform a sample to identify the curve: keep the old model
+        for queue in self.prefill.values():
+            if isinstance(queue.model, CppPrefillTimeModel):
+                queue.model.single = self.prefill_model
+        return True
+
+    def observe_decode(self, batch: int, context_tokens: int, seconds: float) -> bool:
+        """A decode worker's measured step (``batch`` sequences holding ``context_tokens``);
+        refits the TBT model every ``DECODE_REFIT`` steps over the last ``DECODE_SAMPLES``.
+        True when it refitted.
+
+        Admission predicts each decode instance's TBT with this model: with profiled
+        coefficients a slower worker would be filled past its SLO, a faster one turned away.
+        """
+        if batch <= 0:
+            return False
+        self.decode_samples.append((batch, context_tokens, seconds))
+        self._since_decode_refit += 1
+        if self._since_decode_refit < DECODE_REFIT:
+            return False
+        self._since_decode_refit = 0
+        try:
+            self.tbt_model = DecodeTbtModel.fit(self.decode_samples)
+        except ValueError:
+            return False  # one batch size and context so far: keep the old model
         return True
 
     # -- helpers ------------------------------------------------------------------------------

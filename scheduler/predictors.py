@@ -111,5 +111,8 @@ class DecodeTbtModel:
             raise ValueError("need at least 3 samples to fit the decode model")
         x = np.array([[1.0, b, c] for b, c, _ in samples])
         y = np.array([t for _, _, t in samples])
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+        if rank < x.shape[1]:
+            # E.g. one request decoding alone: batch never varies, so its slope is not identified.
+            raise ValueError("decode samples do not determine the model")
         return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ prefill that ends is offered to decode at once, and r1, r2 decode past the end o
 
 import pytest
 
-from scheduler.conductor import PREFILL_REFIT, Conductor
+from scheduler.conductor import DECODE_REFIT, PREFILL_REFIT, Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel
 from scheduler.types import REJECT_TBT, ScheduleRequest
@@ -115,3 +115,23 @@ def test_uniform_samples_do_not_replace_the_model():
     for _ in range(PREFILL_REFIT):
         conductor.observe_prefill(4096, 0, 0.5)
     assert conductor.prefill_model is before
+
+
+def test_observed_decode_steps_refit_the_tbt_model():
+    conductor = make("none")
+    truth = DecodeTbtModel((0.004, 0.0007, 2e-7))
+    refits = []
+    for i in range(DECODE_REFIT):
+        batch, context = 1 + i % 8, 100 + 37 * i
+        refits.append(conductor.observe_decode(batch, context, truth.predict(batch, context)))
+    assert refits == [False] * (DECODE_REFIT - 1) + [True]
+    assert conductor.tbt_model.coef == pytest.approx(truth.coef, rel=1e-6)
+
+
+def test_one_request_decoding_alone_keeps_the_tbt_model():
+    conductor = make("none")
+    before = conductor.tbt_model
+    for i in range(DECODE_REFIT):
+        conductor.observe_decode(1, 100 + i, 0.002)  # batch never varies: the slope is unknown
+    assert conductor.tbt_model is before
+    assert not conductor.observe_decode(0, 0, 0.001)  # an empty step says nothing

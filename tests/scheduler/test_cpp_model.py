@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.conductor import Conductor
+from scheduler.conductor import PREFILL_REFIT, Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.cpp import CppPrefillTimeModel, ttft_curve
 from scheduler.predictors import PrefillTimeModel
@@ -35,3 +35,20 @@ def test_conductor_plans_a_group_with_its_own_model():
     assert decision.prefill_id == "group"
     assert decision.candidates["single"] == pytest.approx(0.8)
     assert decision.candidates["group"] == pytest.approx(0.275)  # 8 chunks of 25 ms, then 3 to drain
+
+
+def test_a_groups_pipelined_timings_stay_out_of_the_single_worker_model():
+    conductor = Conductor(SchedulerConfig(block_tokens=100), prefill_model=LINEAR)
+    group = CppPrefillTimeModel(LINEAR, stages=2, chunk=100)
+    conductor.add_prefill("single")
+    conductor.add_prefill("group", group)
+    truth = PrefillTimeModel((0.01, 2e-4, 1e-8))
+    fed = []
+    for i in range(PREFILL_REFIT + 10):
+        n, long = 20 + i, 200 + 7 * i
+        # The group pipelines prompts over 100 new tokens in half the time: not one worker's curve.
+        fed.append(conductor.observe_prefill(long, 0, truth.predict(long, 0) / 2, "group"))
+        fed.append(conductor.observe_prefill(n, 0, truth.predict(n, 0), "group" if i % 2 else "single"))
+    assert fed.count(True) == 1
+    assert conductor.prefill_model.coef == pytest.approx(truth.coef, rel=1e-6)
+    assert group.single is conductor.prefill_model  # the group plans on the refitted worker
