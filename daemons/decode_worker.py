@@ -13,7 +13,10 @@ prefill worker on this host copies pages straight in (TCP or RDMA from other hos
 
 After every step the batch loop reports the step's tokens (``conductor.tokens``)::
 
-    {"events": [[request_id, token, finish_reason], ...], "step_s", "batch"}
+    {"events": [[request_id, token, finish_reason], ...], "step_s", "batch", "context"}
+
+``step_s`` with ``batch`` (sequences stepped) and ``context`` (tokens they attended over) is
+what the conductor refits its TBT model from.
 
 A reservation never started within ``request_timeout`` is freed (its conductor gave up).
 """
@@ -130,9 +133,10 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 began = time.monotonic()
                 events = self.batcher.step()
                 step_s, batch = time.monotonic() - began, len(events)
+                context = self.batcher.last_step_context
                 self.num_steps += 1
             report = {"events": [[e.seq_id, e.token, e.finish_reason] for e in events],
-                      "step_s": step_s, "batch": batch}
+                      "step_s": step_s, "batch": batch, "context": context}
             try:
                 self.conductor.call("conductor.tokens", report)
             except MooncakeError as exc:

@@ -37,6 +37,7 @@ from daemons.serving_metrics import ServingMetrics
 from scheduler.block_hash import prefix_block_keys
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
+from scheduler.cpp import CppPrefillTimeModel
 from scheduler.errors import NoInstances
 from scheduler.types import REJECT_DECODE, Decision, ScheduleRequest
 from transfer.errors import MooncakeError
@@ -102,7 +103,7 @@ class ServingService:
                                 RpcClient(args["address"], timeout=self.call_timeout), now)
                 self.workers[worker.name] = worker
                 if worker.role == "prefill":
-                    self.conductor.add_prefill(worker.name)
+                    self.conductor.add_prefill(worker.name, self._prefill_model(args))
                 else:
                     self.conductor.add_decode(worker.name, args["kv_capacity_tokens"])
                 log.info("%s worker %s joined at %s", worker.role, worker.name, worker.address)
@@ -124,9 +125,18 @@ class ServingService:
             flight.events.put(("prefill", report))
         return {"known": True}
 
+    def _prefill_model(self, beat: dict) -> CppPrefillTimeModel | None:
+        """A CPP group plans with its own model, built on the shared single-worker one."""
+        stages = beat.get("group_size", 1)
+        if stages <= 1:
+            return None
+        return CppPrefillTimeModel(self.conductor.prefill_model, stages, beat["prefill_chunk"])
+
     def tokens(self, request: Request) -> dict:
+        args = request.args
         with self.lock:
-            routed = [(self.flights.get(rid), token, reason) for rid, token, reason in request.args["events"]]
+            routed = [(self.flights.get(rid), token, reason) for rid, token, reason in args["events"]]
+            self.conductor.observe_decode(args["batch"], args["context"], args["step_s"])
         for flight, token, reason in routed:
             if flight is not None:
                 flight.events.put(("token", token, reason))
@@ -238,7 +248,7 @@ class ServingService:
                 transfer_seconds=timings["load"] if decision.transfer_tokens else None)
             flight.prefilled = True
             self.conductor.observe_prefill(len(flight.request.token_ids), report["loaded_blocks"] * size,
-                                           timings["compute"])
+                                           timings["compute"], decision.prefill_id)
             if report["stored_blocks"] and decision.prefill_id in self.conductor.prefill:
                 self.conductor.index.block_stored(decision.prefill_id, flight.keys[:report["stored_blocks"]])
             admitted = self.conductor.admit_decode(flight.request_id, now)

@@ -33,6 +33,8 @@ class ContinuousBatcher:
         self.max_batch_size = max_batch_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Tokens the last step attended over: with the batch size, what a step's time depends on.
+        self.last_step_context = 0
 
     @property
     def num_active(self) -> int:
@@ -59,6 +61,7 @@ class ContinuousBatcher:
                 events.append(TokenEvent(seq.seq_id, None, seq.finish_reason))
                 continue
             batch.append(seq)
+        self.last_step_context = sum(len(seq) for seq in batch)
         if batch:
             logits = self.runner.decode(batch)
             for seq, token in zip(batch, logits.argmax(dim=-1).tolist()):
