@@ -25,12 +25,22 @@ def page_runs(local: list[int], remote: list[int]) -> list[tuple[int, int, int]]
 
 
 def send_pages(engine: TransferEngine, layout: KVCacheLayout, local_base: int, local_pages: list[int],
-               segment: str, remote_base: int, remote_pages: list[int]) -> int:
-    """WRITE the pages and wait; returns bytes moved (TransferFailed/TransferTimeout otherwise)."""
+               segment: str, remote_base: int, remote_pages: list[int],
+               layers: tuple[int, int] | None = None) -> int:
+    """WRITE the pages and wait; returns bytes moved (TransferFailed/TransferTimeout otherwise).
+
+    ``layers`` [a, b) sends only those layers of each page: a CPP stage holds just its own, and
+    they lie contiguous inside a page, so each page is one request (runs of pages would carry
+    the other stages' layers along)."""
     if len(remote_pages) < len(local_pages):
         raise ValueError(f"{len(local_pages)} pages to send, {len(remote_pages)} reserved")
+    first, stop = layers or (0, layout.num_layers)
+    skip, span = first * layout.layer_block_bytes, (stop - first) * layout.layer_block_bytes
+    runs = (page_runs(local_pages, remote_pages) if span == layout.block_bytes
+            else [(mine, theirs, 1) for mine, theirs in zip(local_pages, remote_pages)])
     handle = engine.open_segment(segment)
-    requests = [TransferRequest(OpCode.WRITE, local_base + layout.block_offset(mine), handle,
-                                remote_base + layout.block_offset(theirs), count * layout.block_bytes)
-                for mine, theirs, count in page_runs(local_pages, remote_pages)]
+    requests = [TransferRequest(OpCode.WRITE, local_base + layout.block_offset(mine) + skip, handle,
+                                remote_base + layout.block_offset(theirs) + skip,
+                                (count - 1) * layout.block_bytes + span)
+                for mine, theirs, count in runs]
     return engine.transfer_sync(requests)

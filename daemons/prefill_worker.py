@@ -1,56 +1,28 @@
 """The prefill worker: prompt in, first token and KV (to decode and to the store) out.
 
-Operation ``prefill.run`` (from the conductor) queues one job and answers at once::
-
-    {"request_id", "token_ids": [int], "load_blocks": int, "store": bool,
-     "decode": {"segment", "kv_address", "block_ids": [int]}}
-
-One compute thread takes jobs in order. For each it loads ``load_blocks`` leading prefix blocks
-from the store into its pages (layer 0 first, later layers while earlier ones compute),
-computes the rest of the prompt layer by layer, putting each layer's new full blocks in the store
-while the next layer computes, writes every page of the prompt into the decode worker's reserved
-pages through the transfer engine, and reports ``conductor.prefill_done``::
-
-    {"request_id", "ok", "error", "first_token", "loaded_blocks", "stored_blocks",
-     "kv_bytes", "timings": {"queue", "load", "compute", "store", "transfer"}}
-
-``stored_blocks`` counts the leading prompt blocks in the store once the job ends (loaded or put);
-the conductor records them as cached at this worker. Its KV cache (one tensor) is registered
-with the store client's transfer engine once, at start.
+For each job (queued and reported as :mod:`daemons.prefill_jobs` says) it loads ``load_blocks``
+leading prefix blocks from the store into its pages (layer 0 first, later layers while earlier
+ones compute), computes the rest of the prompt layer by layer, putting each layer's new full
+blocks in the store while the next layer computes, and writes every page of the prompt into the
+decode worker's reserved pages through the transfer engine. Its KV cache (one tensor) is
+registered with the store client's transfer engine once, at start.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import topology
 from daemons.kv_sender import send_pages
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
 from daemons.paths import shm_prefix
+from daemons.prefill_jobs import Job, PrefillJobsDaemon
 from daemons.prefix_store import PrefixStore
 from daemons.serving_errors import PrefixLost
-from daemons.worker_base import WorkerDaemon
 from store.client import StoreClient
-from transfer.errors import MooncakeError
-from transfer.rpc import Request
-
-log = logging.getLogger(__name__)
 
 
-@dataclass
-class Job:
-    args: dict
-    arrived: float = field(default_factory=time.monotonic)
-
-
-class PrefillWorkerDaemon(WorkerDaemon):
-    role = "prefill"
-
+class PrefillWorkerDaemon(PrefillJobsDaemon):
     def setup_worker(self) -> None:
         matrix_file = self.paths.topology_file
         matrix = topology.load_matrix(matrix_file) if matrix_file.exists() else None
@@ -62,43 +34,17 @@ class PrefillWorkerDaemon(WorkerDaemon):
         self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
         self.runner = ModelRunner(self.model, self.kv)
         self.prefix = PrefixStore(self.store, self.layout, self.kv_address)
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.num_done = 0
-        self.server.register("prefill.run", self._enqueue)
-        self.compute = threading.Thread(target=self._serve_jobs, name="prefill-compute", daemon=True)
-        self.compute.start()
-
-    def load(self) -> dict[str, Any]:
-        return {"queued": self.jobs.qsize(), "num_done": self.num_done}
+        self.start_jobs()
 
     def teardown(self) -> None:
         if hasattr(self, "compute"):
-            self.jobs.put(None)
-            self.compute.join(timeout=self.config.drain_timeout)
+            self.stop_jobs()
             self.prefix.close()
             self.store.close()
         super().teardown()
 
-    def _enqueue(self, request: Request) -> dict:
-        self.jobs.put(Job(request.args))
-        return {"queued": self.jobs.qsize()}
-
-    def _serve_jobs(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            try:
-                report = self._prefill(job)
-            except Exception as exc:  # report every failure: the client is waiting for this job
-                log.exception("prefill of %s failed", job.args.get("request_id"))
-                report = {"request_id": job.args.get("request_id"), "ok": False,
-                          "error": f"{type(exc).__name__}: {exc}"}
-            self.num_done += 1
-            try:
-                self.conductor.call("conductor.prefill_done", report)
-            except MooncakeError as exc:
-                log.warning("could not report %s to the conductor: %s", report["request_id"], exc)
-
-    def _prefill(self, job: Job) -> dict:
-        args, started = job.args, time.monotonic()
+    def prefill(self, job: Job) -> dict:
+        args = job.args
         seq = Sequence.from_prompt(args["request_id"], args["token_ids"], max_tokens=1)
         self.pages.allocate(seq)
         try:
@@ -116,7 +62,6 @@ class PrefillWorkerDaemon(WorkerDaemon):
             outcome["timings"]["transfer"] = time.monotonic() - sent_at
         finally:
             self.pages.deallocate(seq)
-        outcome["timings"]["queue"] = started - job.arrived
         return {"request_id": args["request_id"], "ok": True, "kv_bytes": kv_bytes, **outcome}
 
     def _compute(self, seq: Sequence, load_blocks: int, store: bool) -> dict:

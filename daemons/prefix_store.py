@@ -48,18 +48,21 @@ class PrefixStore:
         addresses = [self.kv_address + self.layout.layer_block_offset(layer, b) for b in block_ids]
         return addresses, [self.layout.layer_block_bytes] * len(block_ids)
 
-    def load(self, keys: list[BlockKey], block_ids: list[int]) -> tuple[int, list[Future | None]]:
-        """Read layer 0 of ``keys`` into ``block_ids`` now and the other layers in the background.
+    def load(self, keys: list[BlockKey], block_ids: list[int],
+             layers: range | None = None) -> tuple[int, list[Future | None]]:
+        """Read the first of ``layers`` (default: all) of ``keys`` into ``block_ids`` now and the
+        others in the background (a CPP stage loads only its own layers).
 
-        Returns how many leading blocks were found, and per layer a future to wait on before the
-        layer computes (None for layer 0, already in place). Blocks past the first missing one
-        are not used: a prefix is only reusable up to its first gap.
+        Returns how many leading blocks were found, and per layer of ``layers`` a future to wait
+        on before the layer computes (None for the first, already in place). Blocks past the
+        first missing one are not used: a prefix is only reusable up to its first gap.
         """
-        addresses, sizes = self._spans(0, block_ids)
-        results = self.client.batch_get_into([object_key(k, 0) for k in keys], addresses, sizes)
+        layers = layers or range(self.layout.num_layers)
+        addresses, sizes = self._spans(layers[0], block_ids)
+        results = self.client.batch_get_into([object_key(k, layers[0]) for k in keys], addresses, sizes)
         hit = next((i for i, r in enumerate(results) if isinstance(r, MooncakeError)), len(results))
         futures: list[Future | None] = [None]
-        for layer in range(1, self.layout.num_layers):
+        for layer in layers[1:]:
             futures.append(self._loader.submit(self._load_layer, layer, keys[:hit], block_ids[:hit]))
         return hit, futures
 

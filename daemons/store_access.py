@@ -17,6 +17,14 @@ def connect(config: Config, segment_size: int = 0) -> StoreClient:
     """A client of the cluster in ``config.workdir``; with ``segment_size`` it also contributes
     a segment (named with the cluster's shm prefix, so `down` removes it if we die)."""
     paths = ClusterPaths.of(config.workdir)
+    return connect_to(config, daemon_address(paths, "master"), cluster_info(paths)["cluster_id"],
+                      segment_size=segment_size)
+
+
+def connect_to(config: Config, master: str, cluster_id: str, segment_size: int = 0) -> StoreClient:
+    """A client of the master at ``master``: for a process that `up` starts, before cluster.json
+    (written once every daemon is up) exists."""
+    paths = ClusterPaths.of(config.workdir)
     matrix = topology.load_matrix(paths.topology_file) if paths.topology_file.exists() else None
-    return StoreClient(daemon_address(paths, "master"), config, segment_size=segment_size,
-                       topology=matrix, shm_prefix=shm_prefix(cluster_info(paths)["cluster_id"]))
+    return StoreClient(master, config, segment_size=segment_size, topology=matrix,
+                       shm_prefix=shm_prefix(cluster_id))

@@ -341,6 +341,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("serving", "prefill_chunk", "int", 1024,
        "Tokens per chunk of chunked pipeline-parallel prefill (rounded up to whole KV blocks); "
        "prompts no longer than this run on one worker.", minimum=1),
+    _s("serving", "prefill_group_size", "int", 1,
+       "Stage processes per prefill worker: above 1 each prefill worker is a CPP group that "
+       "pipelines prompts longer than prefill_chunk over its stages' layers.", minimum=1),
     # ha: running across hosts, and master election on etcd
     _s("ha", "ha_backend", "choice", "none",
        "Master election: none (one master) or etcd (a leader and standbys).", choices=("none", "etcd")),
