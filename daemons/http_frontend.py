@@ -26,7 +26,8 @@ from typing import Any
 
 from daemons.completion_request import parse_completion
 from daemons.model import ByteTokenizer
-from daemons.serving import Flight, ServingService
+from daemons.serving import ServingService
+from daemons.serving_state import Flight
 from daemons.serving_errors import BadRequest, Rejected, ServingError
 
 log = logging.getLogger(__name__)

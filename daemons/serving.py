@@ -27,56 +27,23 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from daemons.completion_request import CompletionRequest
 from daemons.model import KVCacheFull
 from daemons.serving_errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
 from daemons.serving_metrics import ServingMetrics
+from daemons.serving_state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
-from scheduler.cpp import CppPrefillTimeModel
 from scheduler.errors import NoInstances
-from scheduler.types import REJECT_DECODE, Decision, ScheduleRequest
+from scheduler.types import REJECT_DECODE, ScheduleRequest
 from transfer.errors import MooncakeError
 from transfer.rpc import Request, RpcClient
 from transfer.settings import Config
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Worker:
-    name: str
-    role: str
-    address: str
-    client: RpcClient
-    last_seen: float
-    load: dict = field(default_factory=dict)
-
-
-@dataclass
-class Flight:
-    request_id: str
-    request: CompletionRequest
-    keys: list
-    decision: Decision
-    arrived: float
-    deadline: float
-    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    reservation: dict | None = None
-    prefill_reported: bool = False
-    prefill_gone: bool = False
-    prefilled: bool = False  # the conductor's books say so (prefill_finished called)
-    decode_started: bool = False
-    completed: bool = False
-    orphaned: bool = False
-    report: dict = field(default_factory=dict)
-    token_ids: list[int] = field(default_factory=list)
-    ttft: float | None = None
-    gaps: list[float] = field(default_factory=list)
 
 
 class ServingService:
@@ -103,7 +70,7 @@ class ServingService:
                                 RpcClient(args["address"], timeout=self.call_timeout), now)
                 self.workers[worker.name] = worker
                 if worker.role == "prefill":
-                    self.conductor.add_prefill(worker.name, self._prefill_model(args))
+                    self.conductor.add_prefill(worker.name, prefill_model(self.conductor, args))
                 else:
                     self.conductor.add_decode(worker.name, args["kv_capacity_tokens"])
                 log.info("%s worker %s joined at %s", worker.role, worker.name, worker.address)
@@ -124,13 +91,6 @@ class ServingService:
         else:
             flight.events.put(("prefill", report))
         return {"known": True}
-
-    def _prefill_model(self, beat: dict) -> CppPrefillTimeModel | None:
-        """A CPP group plans with its own model, built on the shared single-worker one."""
-        stages = beat.get("group_size", 1)
-        if stages <= 1:
-            return None
-        return CppPrefillTimeModel(self.conductor.prefill_model, stages, beat["prefill_chunk"])
 
     def tokens(self, request: Request) -> dict:
         args = request.args
