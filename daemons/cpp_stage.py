@@ -60,7 +60,10 @@ class Stage:
         self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
         self.engine = TransferEngine(metadata="P2PHANDSHAKE", options=EngineOptions.from_config(config))
         self.chunk = config.prefill_chunk
-        self.slot_tokens = chunk_bounds(0, self.chunk, self.chunk, self.layout.block_size)[0][1]
+        # A chunk is prefill_chunk rounded up to whole blocks (chunk_bounds), even when that
+        # is more than prefill_chunk tokens: a chunk smaller than a block is one block.
+        size = self.layout.block_size
+        self.slot_tokens = -(-self.chunk // size) * size
         self.inbox = (Inbox(self.engine, prev, INBOX_SLOTS, self.slot_tokens, model.config.hidden_size,
                             model.config.torch_dtype, config.rpc_timeout) if prev is not None else None)
         self.next_conn = next_
