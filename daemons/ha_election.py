@@ -9,8 +9,9 @@ leader went silent.
 Leadership is judged locally and conservatively: the lease is counted from the moment *before*
 the refresh that renewed it was sent, so by the time etcd can let the key lapse this master
 already answers NOT_LEADER. A master that loses its lease never serves writes on the state it
-had; it drops that state and campaigns again as an empty standby (there is no op log, so a new
-leader starts empty and the store clients re-mount and re-report their objects to it).
+had; it drops that state and campaigns again as an empty standby. A newly elected master runs
+``on_elected`` (the op-log replay, :mod:`daemons.ha_oplog`) before it serves anything; if that
+fails it gives the key up again rather than serve a state it could not rebuild.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ log = logging.getLogger(__name__)
 
 class Election:
     def __init__(self, kv: EtcdKV, cluster_id: str, address: str, ttl: float,
-                 on_deposed: Callable[[], None]) -> None:
+                 on_deposed: Callable[[], None], on_elected: Callable[[], None] = lambda: None) -> None:
         self.kv, self.key, self.address = kv, master_view_key(cluster_id), address
         self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
-        self.on_deposed = on_deposed
+        self.on_deposed, self.on_elected = on_deposed, on_elected
         self._lease: Any = None
         self._valid_until = 0.0  # monotonic time our lease surely still holds
         self._stop = threading.Event()
@@ -78,9 +79,20 @@ class Election:
         except EtcdUnavailable as exc:
             log.warning("campaign for %s failed: %s", self.key, exc.message)
             return
+        try:
+            self.on_elected()
+        except EtcdUnavailable as exc:
+            log.warning("elected but could not take over, standing down: %s", exc.message)
+            try:
+                self.kv.revoke(lease)
+            except EtcdUnavailable:
+                pass  # the lease lapses by itself
+            return
         self._lease, self._valid_until = lease, sent + self.ttl
         self.num_elected += 1
         log.info("elected leader of %s as %s", self.key, self.address)
+        if time.monotonic() >= self._valid_until:
+            self._keep()  # the takeover outlasted our own count of the lease: renew (or stand down) now
 
     def _keep(self) -> None:
         sent = time.monotonic()

@@ -21,6 +21,7 @@ class MasterDaemon(Daemon):
     tick_interval = 0.05  # eviction and liveness react within 50 ms (Mooncake polls every 10 ms)
 
     election = None  # with ha_backend etcd: this master's campaign (daemons.ha_master)
+    oplog = None  # and its op-log writer
 
     def setup(self) -> None:
         if self.config.ha_backend == "etcd":
@@ -41,6 +42,8 @@ class MasterDaemon(Daemon):
     def teardown(self) -> None:
         if self.election is not None:
             self.election.stop()
+        if self.oplog is not None:
+            self.oplog.stop()
 
     def describe(self) -> dict[str, Any]:
         ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from store import views
 from store.errors import InvalidParams
 from store.master_state import MasterState
+from store.objects import ClientStatus
 from store.policy import StorePolicy
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, descriptors_to_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
@@ -134,6 +135,10 @@ class StoreService:
     def _ping(self, args: dict, now: float) -> dict:
         client_id = str_arg(args, "client_id")
         status = self.state.ping(client_id, now)
+        if status is ClientStatus.NEED_REMOUNT:
+            # Its acks count another master's journal: trimming ours by them would drop changes
+            # (those of a replayed op log) the client has not seen. It restarts at 0 on remount.
+            return {"status": status.value, "changes": {}}
         acks = args.get("acks", {})
         if not isinstance(acks, dict):
             raise InvalidParams("acks must be a map of segment id to sequence number")

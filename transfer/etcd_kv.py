@@ -8,6 +8,7 @@ an election or a lookup. Every call has a deadline (``timeout``); failures raise
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Callable
 
 import etcd3gw
@@ -52,6 +53,9 @@ class EtcdKV:
                 raise EtcdUnavailable(f"etcd refused the request: {exc}") from None
         raise EtcdUnavailable(f"no etcd endpoint answered: {last}")
 
+    def _post(self, path: str, payload: dict) -> dict:
+        return self._call(lambda c: c.post(c.get_url(path), json=payload))
+
     def get(self, key: str) -> str | None:
         values = self._call(lambda c: c.get(key))
         return values[0].decode() if values else None
@@ -81,3 +85,47 @@ class EtcdKV:
 
     def revoke(self, lease: Any) -> None:
         self._call(lambda c: Lease(lease.id, c).revoke())
+
+    def get_revision(self, key: str) -> tuple[str, int] | None:
+        """The value of ``key`` and the revision that last modified it, or None."""
+        kvs = self._post("/kv/range", {"key": _b64(key)}).get("kvs", [])
+        return (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+
+    def get_prefix_utf8(self, prefix: str) -> dict[str, str]:
+        """Every key under ``prefix`` and its value (keys and values UTF-8, unlike get_prefix)."""
+        payload = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))}
+        return {_unb64(kv["key"]): _unb64(kv.get("value", ""))
+                for kv in self._post("/kv/range", payload).get("kvs", [])}
+
+    def txn(self, puts: dict[str, str | None], delete_prefixes: tuple[str, ...] = (), *,
+            if_value: tuple[str, str] | None = None, if_mod_revision: tuple[str, int] | None = None) -> int | None:
+        """One transaction: ``puts`` (a None value deletes the key) and prefix deletes, applied only
+        if the guards hold (``key`` has ``value``; ``key`` was last modified at ``revision``).
+        Returns the revision it committed at, or None when a guard failed and nothing changed."""
+        ops = [{"request_delete_range": {"key": _b64(p), "range_end": _b64(_prefix_end(p))}} for p in delete_prefixes]
+        for key, value in puts.items():
+            ops.append({"request_put": {"key": _b64(key), "value": _b64(value)}} if value is not None
+                       else {"request_delete_range": {"key": _b64(key)}})
+        compare = []
+        if if_value is not None:
+            compare.append({"key": _b64(if_value[0]), "result": "EQUAL", "target": "VALUE", "value": _b64(if_value[1])})
+        if if_mod_revision is not None:
+            compare.append({"key": _b64(if_mod_revision[0]), "result": "EQUAL", "target": "MOD",
+                            "mod_revision": if_mod_revision[1]})
+        answer = self._post("/kv/txn", {"compare": compare, "success": ops, "failure": []})
+        return int(answer["header"]["revision"]) if answer.get("succeeded", not compare) else None
+
+
+def _b64(text: str | bytes) -> str:
+    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+def _prefix_end(prefix: str) -> bytes:
+    """The range end that covers every key starting with ``prefix`` (ours end in "/", never 0xff)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return bytes(raw)
