@@ -1,14 +1,16 @@
 """The transfer engine a store client moves object bytes with, set up from the settings.
 
-Its segment descriptor is published to the master's metadata service (the master is the one
-service a cluster needs). When a topology matrix is given, every NIC it names serves on the
-cluster's bind address: on a loopback cluster every path is loopback, but path choice still
+Its segment descriptor is published where ``metadata_backend`` says: the master's metadata
+service (the default: the master is the one service a cluster needs), etcd, or nowhere (P2P).
+When a topology matrix is given, every NIC it names serves on the cluster's bind address: on a loopback cluster every path is loopback, but path choice still
 follows the matrix, and on a real address each NIC is one of the host's paths.
 """
 
 from __future__ import annotations
 
 from transfer.engine import TransferEngine
+from transfer.etcd_metadata import engine_metadata
+from transfer.metadata_client import P2P
 from transfer.engine_options import EngineOptions
 from transfer.settings import Config
 
@@ -20,5 +22,8 @@ def open_engine(name: str, master_address: str, config: Config, *, topology: dic
         nics = dict.fromkeys(nic for tiers in topology.values() for tier in tiers for nic in tier)
         listen = [(nic, config.bind_host) for nic in nics] or None
     overrides = {"shm_prefix": shm_prefix} if shm_prefix else {}
-    return TransferEngine(name, metadata=master_address, options=EngineOptions.from_config(config, **overrides),
+    metadata = engine_metadata(config, master_address)
+    if metadata == P2P:
+        name = None  # under P2P handshake a segment's name is its engine's host:port
+    return TransferEngine(name, metadata=metadata, options=EngineOptions.from_config(config, **overrides),
                           host=config.bind_host, listen=listen, topology=topology or None)

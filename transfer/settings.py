@@ -351,6 +351,10 @@ SETTINGS: tuple[Setting, ...] = (
        "etcd endpoints host:port[,host:port] for ha_backend etcd."),
     _s("ha", "cluster_id", "str", "mooncake",
        "Cluster name in etcd keys (mooncake-store/<cluster_id>/master_view)."),
+    _s("ha", "metadata_backend", "choice", "master",
+       "Where transfer engines publish segment descriptors: master (its metadata service), etcd "
+       "(mooncake/<cluster_id>/segments/<name> on etcd_endpoints) or p2p (engines ask each other).",
+       choices=("master", "etcd", "p2p")),
     _s("ha", "ha_lease_ttl", "duration", 5.0,
        "The leader's etcd lease; a standby takes over this long after the leader goes silent."),
     _s("ha", "advertise_address", "str", "",

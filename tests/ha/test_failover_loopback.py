@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from daemons.etcd_server import EtcdServer
 from daemons.ha_scenario import run_failover
 from transfer.leader import MasterView
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    server = EtcdServer(tmp_path / "etcd")
-    try:
-        yield server.wait_ready()
-    finally:
-        server.stop()
 
 
 def test_standby_takes_over_and_clients_follow(etcd, tmp_path):
