@@ -135,13 +135,13 @@ class StoreService:
     def _ping(self, args: dict, now: float) -> dict:
         client_id = str_arg(args, "client_id")
         status = self.state.ping(client_id, now)
+        acks = args.get("acks", {})
+        if not isinstance(acks, dict):
+            raise InvalidParams("acks must be a map of segment id to sequence number")
         if status is ClientStatus.NEED_REMOUNT:
             # Its acks count another master's journal: trimming ours by them would drop changes
             # (those of a replayed op log) the client has not seen. It restarts at 0 on remount.
             return {"status": status.value, "changes": {}}
-        acks = args.get("acks", {})
-        if not isinstance(acks, dict):
-            raise InvalidParams("acks must be a map of segment id to sequence number")
         client = self.state.clients[client_id]
         changes = {}
         for segment_id in client.segment_ids:
