@@ -78,14 +78,6 @@ def view_of(spec: str, timeout: float) -> MasterView:
             _VIEWS[spec] = MasterView(spec, timeout)
         return _VIEWS[spec]
 
-    def wait_leader(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while (address := self.leader()) is None:
-            if time.monotonic() >= deadline:
-                raise NotLeader(f"no master leads cluster {self.cluster_id!r} (etcd key {self.key})")
-            time.sleep(0.1)
-        return address
-
 
 class LeaderClient:
     """An :class:`RpcClient` that follows the elected master (same call interface)."""
