@@ -14,6 +14,11 @@ each of them whichever lands first. A request is admitted only onto an instance 
 stays within the SLO, and that instance becomes its plan, so the next arrival's forecast already
 counts it: admissions can no longer outrun what decode will hold.
 
+The conductor plans every request on the instance of least forecast (load balancing by its own
+books) whatever the admission, so the three differ only in what they test there at arrival:
+nothing (the baseline), the load now (early), the forecast (predictive). Each landing is tested
+again on that instance after prefill, where the baseline and a stale early admission reject.
+
 Departures within the prefill window are deliberately not subtracted. Subtracting them with the
 paper's uniform-occupancy model (a request leaves ``t_d`` after it started) was measured on the
 conversation trace (8P+8D, 2x): it admits more while prefill queues lengthen, which widens the
@@ -57,12 +62,12 @@ class DecodeForecast:
             return kv
         return max(model.predict(count, total) / tbt_slo, kv)
 
-    def choose(self, batches: Mapping[str, DecodeBatch], context: int, model: DecodeTbtModel,
-               tbt_slo: float) -> tuple[str | None, float]:
-        """The instance with the least forecast load, or None when even that exceeds 1."""
-        best_id, best_load = None, float("inf")
+    def least_loaded(self, batches: Mapping[str, DecodeBatch], context: int,
+                     model: DecodeTbtModel, tbt_slo: float) -> tuple[str, float]:
+        """The instance with the least forecast load once ``context`` joins, and that load."""
+        best_id, best_load = "", float("inf")
         for instance_id, batch in batches.items():
             load = self.load_at(batch, context, model, tbt_slo)
             if load < best_load:
                 best_id, best_load = instance_id, load
-        return (best_id if best_load <= 1.0 else None), best_load
+        return best_id, best_load

@@ -1,4 +1,4 @@
-"""Algorithm 1 of the paper (prefill selection), its three baselines, and decode selection.
+"""Algorithm 1 of the paper (prefill selection) and its three baselines.
 
 For every prefill instance the conductor estimates TTFT = queue + prefill on the prefix the
 instance holds itself, or transfer + queue + prefill on the best prefix anywhere when that prefix
@@ -8,7 +8,8 @@ follows the transfer rate the predictor has observed instead of a hand-tuned con
 
 The baselines of the paper's Figure 5 share the same estimates but choose differently:
 random (any instance), load (shortest queue), cache (longest own prefix, then shortest queue).
-None of them moves KV between instances.
+None of them moves KV between instances. The decode half of the pair is the conductor's
+(``Conductor.schedule``), which plans it with the admission forecast.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from scheduler.cache_index import PrefixMatch
 from scheduler.config import SchedulerConfig
-from scheduler.instances import DecodeBatch, PrefillQueue
-from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
+from scheduler.instances import PrefillQueue
+from scheduler.predictors import PrefillTimeModel, TransferTimeModel
 from scheduler.types import LOCAL_HIT, MISS, RECOMPUTE, TRANSFER, ScheduleRequest
 
 
@@ -101,22 +102,3 @@ def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping
     reason = RECOMPUTE if best_blocks > blocks else (LOCAL_HIT if local else MISS)
     return PrefillChoice(ids[pick], reason, local, local, None, (blocks, blocks), 0.0, t_queue,
                          t_prefill), candidates
-
-
-def choose_decode(batches: Sequence[DecodeBatch], model: DecodeTbtModel, tbt_slo: float,
-                  context: int, require_fit: bool, prefer: str | None = None) -> tuple[str | None, float]:
-    """The least-loaded decode instance after adding ``context`` tokens, and its load.
-
-    With ``require_fit`` only an instance whose load stays <= 1 (TBT within SLO, KV fits) counts;
-    ``prefer`` keeps an earlier choice when it still fits, so a planned KV stream is not moved.
-    """
-    best_id, best_load = None, float("inf")
-    for batch in batches:
-        load = batch.load_with(model, tbt_slo, context)
-        if batch.instance_id == prefer and load <= 1.0:
-            return batch.instance_id, load
-        if load < best_load:
-            best_id, best_load = batch.instance_id, load
-    if require_fit and best_load > 1.0:
-        return None, best_load
-    return best_id, best_load

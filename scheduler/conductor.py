@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.admission import DecodeForecast
-from scheduler.algorithm import choose_decode, choose_prefill
+from scheduler.algorithm import choose_prefill
 from scheduler.cache_index import CacheIndex
 from scheduler.config import SchedulerConfig
 from scheduler.cpp import CppPrefillTimeModel
@@ -100,16 +100,22 @@ class Conductor:
         if cfg.ttft_slo > 0 and choice.ttft > cfg.ttft_slo:
             decision.reason = REJECT_TTFT
             return decision
-        if cfg.admission == "predictive":
-            decode_id, load = self.forecast.choose(self.decode, context, self.tbt_model, cfg.tbt_slo)
-        else:
-            decode_id, load = choose_decode(list(self.decode.values()), self.tbt_model, cfg.tbt_slo,
-                                            context, require_fit=cfg.admission == "early")
+        # Every policy plans the request onto the instance its books say is least loaded, counting
+        # the requests already sent to prefill for it: Algorithm 1 picks the (prefill, decode) pair
+        # at arrival and the KV streams to that decode node during prefill (paper, Figure 3, s3),
+        # so spreading those reservations is plain load balancing. Balancing on the current load
+        # alone would send every arrival between two decode events to the same instance.
+        decode_id, forecast = self.forecast.least_loaded(self.decode, context, self.tbt_model,
+                                                         cfg.tbt_slo)
+        # What each admission reads at arrival (the paper's section 8): "none" nothing (it finds
+        # out after prefill, in admit_decode); "early" the planned instance's load now, which lags
+        # by the prefill time; "predictive" its load when this prefill ends. Both reject when the
+        # request would push that load past the TBT SLO (or the instance's KV memory).
+        load = forecast if cfg.admission == "predictive" else \
+            self.decode[decode_id].load_with(self.tbt_model, cfg.tbt_slo, context)
         decision.decode_id, decision.decode_load = decode_id, load
-        # "none" plans a decode instance but never refuses here: the paper's baseline, which
-        # finds out only after prefill (admit_decode) that decode is full.
-        if decode_id is None:
-            decision.reason = REJECT_TBT
+        if cfg.admission != "none" and load > 1.0:
+            decision.decode_id, decision.reason = None, REJECT_TBT
             return decision
         self.prefill[choice.prefill_id].enqueue(request.request_id, choice.ttft - choice.t_queue, now)
         self.forecast.prefill_planned(request.request_id, decode_id, context)
@@ -127,17 +133,23 @@ class Conductor:
             self.transfer_model.observe(transfer_tokens, transfer_seconds)
 
     def admit_decode(self, request_id: str, now: float) -> str | None:
-        """Place the prefilled request on a decode instance within the TBT SLO, or reject it."""
+        """Start decoding the prefilled request on its planned instance, or reject it (None)
+        when that instance cannot take it within the TBT SLO.
+
+        Only the planned instance: its KV was streamed there layer by layer during prefill
+        (paper, Figure 3, s3), so another instance would need the whole KV moved again, and the
+        paper's baseline rejects here. This is also the check that still catches, under early
+        rejection, the burst admitted while decode looked idle.
+        """
         flight = self._flight(request_id)
-        decode_id, _ = choose_decode(list(self.decode.values()), self.tbt_model, self.cfg.tbt_slo,
-                                     flight.context, require_fit=True, prefer=flight.decode_id)
         self.forecast.landed(request_id)
-        if decode_id is None:
+        batch = self.decode.get(flight.decode_id)
+        if batch is None or batch.load_with(self.tbt_model, self.cfg.tbt_slo, flight.context) > 1.0:
             del self.inflight[request_id]
             return None
-        flight.decode_id, flight.decoding = decode_id, True
-        self.decode[decode_id].admit(request_id, flight.context)
-        return decode_id
+        flight.decoding = True
+        batch.admit(request_id, flight.context)
+        return flight.decode_id
 
     def decode_finished(self, request_id: str, now: float) -> None:
         flight = self.inflight.pop(request_id, None)
