@@ -34,7 +34,9 @@ class SimSetup:
     cache_capacity_tokens: int | None = 3_000_000  # per prefill instance; None: unlimited
     pool_capacity_tokens: int = 0  # extra shared pool written by every prefill; 0: none
     cost: CostModel = field(default_factory=CostModel)
-    num_samples: int = 200  # load samples over the run (for the load-over-time plot)
+    # Load samples for the load-over-time plot. Early rejection's cycle is as long as the lag it
+    # reads decode with, a prefill (seconds), so a coarser grid would alias it away.
+    sample_seconds: float = 1.0
 
 
 class Simulator:
@@ -70,7 +72,7 @@ class Simulator:
         for i, request in enumerate(self.requests):
             self._push(request.arrival, _ARRIVAL, i)
         horizon = self.requests[-1].arrival if self.requests else 0.0
-        interval = max(horizon / max(self.setup.num_samples, 1), 1e-9)
+        interval = self.setup.sample_seconds
         next_sample, now = 0.0, 0.0
         self._window = [0, 0]  # accepted, rejected since the last sample
         while self.events:
@@ -184,6 +186,10 @@ class Simulator:
             "t": at,
             "prefill_queue_s": sum(queues) / len(queues),
             "prefill_busy": sum(p.running is not None for p in self.prefill.values()) / len(self.prefill),
+            # Requests queued or running per prefill instance: the prefill load of the paper's
+            # Figure 10, which a 0/1 busy flag saturates at once.
+            "prefill_requests": sum(len(p.jobs) + (p.running is not None)
+                                    for p in self.prefill.values()) / len(self.prefill),
             "decode_batch": sum(len(d.members) for d in self.decode.values()) / len(self.decode),
             "decode_load": sum(loads) / len(loads),
             "accepted": self._window[0], "rejected": self._window[1],

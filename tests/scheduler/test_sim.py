@@ -39,6 +39,9 @@ def test_one_prefill_instance_queues_and_reuses_its_own_prefix():
     assert result.goodput == 3 and result.rejected == 0
     assert result.sim_seconds == pytest.approx(5.512 + 20 * 0.01)
     assert dict(result.reasons) == {"miss": 2, "local_hit": 1}
+    # One load sample a second up to the last arrival: at t=1 r0 runs and r1 waits behind it.
+    assert [(s["t"], s["prefill_requests"]) for s in result.samples] == [
+        (0.0, 0.0), (1.0, 2.0), (2.0, 1.0), (3.0, 0.0), (4.0, 0.0), (5.0, 0.0)]
 
 
 def test_ttft_slo_rejects_the_queued_request_at_arrival():
