@@ -5,6 +5,7 @@
     <workdir>/topology.json         the topology matrix `up` discovered (or loaded); engines use it
     <workdir>/run/<name>.pid        pid and process start time, written at spawn
     <workdir>/run/<name>.json       what the daemon bound (address), written once it serves
+    <workdir>/run/<name>.sock       the daemon's ipc:// endpoint, for clients on this host
     <workdir>/run/<name>.exit       why the daemon stopped, when it could say so
     <workdir>/logs/<name>.log       the daemon's stdout and stderr
 """
@@ -52,6 +53,9 @@ class ClusterPaths:
 
     def announce_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.json"
+
+    def ipc_socket(self, name: str) -> Path:
+        return self.run_dir / f"{name}.sock"
 
     def exit_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.exit"

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import topology
 from daemons.paths import ClusterPaths, shm_prefix
-from daemons.supervisor import cluster_info, daemon_address
+from daemons.supervisor import cluster_info, local_daemon_address
 from store.client import StoreClient
 from transfer.settings import Config
 
 
 def connect(config: Config, segment_size: int = 0) -> StoreClient:
     """A client of the cluster in ``config.workdir``; with ``segment_size`` it also contributes
-    a segment (named with the cluster's shm prefix, so `down` removes it if we die)."""
+    a segment (named with the cluster's shm prefix, so `down` removes it if we die). It reaches
+    the master over its ipc:// endpoint when it has one here: every put and get waits on it."""
     paths = ClusterPaths.of(config.workdir)
-    return connect_to(config, daemon_address(paths, "master"), cluster_info(paths)["cluster_id"],
+    return connect_to(config, local_daemon_address(paths, "master"), cluster_info(paths)["cluster_id"],
                       segment_size=segment_size)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -96,7 +97,9 @@ def live_daemons(paths: ClusterPaths) -> dict[str, psutil.Process]:
 
 def _clear_records(paths: ClusterPaths) -> None:
     for name in paths.known_daemons():
-        for path in (paths.pidfile(name), paths.announce_file(name), paths.exit_file(name)):
+        # The socket too: a daemon that closes cleanly unlinks it, a killed one leaves it.
+        for path in (paths.pidfile(name), paths.announce_file(name), paths.exit_file(name),
+                     paths.ipc_socket(name)):
             path.unlink(missing_ok=True)
     paths.cluster_file.unlink(missing_ok=True)
 
@@ -317,7 +320,20 @@ def cluster_info(paths: ClusterPaths) -> dict[str, Any]:
 
 
 def daemon_address(paths: ClusterPaths, role: str) -> str:
+    return _daemon_record(paths, role)["address"]
+
+
+def local_daemon_address(paths: ClusterPaths, role: str) -> str:
+    """The daemon's ipc:// endpoint when it has one on this host (a round trip over a Unix
+    socket is cheaper than over TCP loopback), else its TCP address."""
+    daemon = _daemon_record(paths, role)
+    if daemon.get("ipc_address") and daemon.get("hostname") == socket.gethostname():
+        return daemon["ipc_address"]
+    return daemon["address"]
+
+
+def _daemon_record(paths: ClusterPaths, role: str) -> dict[str, Any]:
     for daemon in cluster_info(paths)["daemons"]:
         if daemon.get("role") == role:
-            return daemon["address"]
+            return daemon
     raise ClusterNotRunning(f"the cluster in {paths.workdir} has no {role}")

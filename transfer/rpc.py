@@ -118,6 +118,13 @@ class RpcServer:
         self._thread: threading.Thread | None = None
         self.num_served = 0
 
+    def bind(self, endpoint: str) -> str:
+        """Serve on ``endpoint`` as well (a ROUTER takes peers on every endpoint it binds), e.g.
+        an ipc:// socket beside the TCP port for same-host clients. Call before :meth:`start`:
+        afterwards only the I/O thread may touch the socket. Returns the bound address."""
+        self._socket.bind(endpoint)
+        return self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
     def register(self, op: str, handler: Handler, *, blocking: bool = False) -> None:
         self._handlers[op] = (handler, blocking)
 
