@@ -2,7 +2,8 @@
 
 The floor is a bare ROUTER that sends every message straight back: the round trip no RPC layer
 on this machine can beat. Reporting it in the same run keeps our figures honest on a noisy host.
-Run ``python -m transfer.rpc_bench`` to start the raw echo server; it prints its address.
+Run ``python -m transfer.rpc_bench ipc://PATH`` to start the raw echo server; it prints its TCP
+and its ipc address.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -29,7 +31,14 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+WARMUP = 200
+
+
 def rpc_latency(client: RpcClient, count: int) -> LatencyResult:
+    # Unmeasured calls first: the connection handshake and a just-started daemon's own start-up
+    # work would otherwise land in whichever transport is measured first.
+    for i in range(WARMUP):
+        client.call("echo", {"i": i})
     samples = []
     for i in range(count):
         start = time.perf_counter()
@@ -73,13 +82,22 @@ def raw_latency(address: str, count: int) -> LatencyResult:
 
 
 class RawEchoServer:
-    """A bare ROUTER echo loop in its own process; owned by a ``with`` block."""
+    """A bare ROUTER echo loop in its own process; owned by a ``with`` block.
+
+    It listens on TCP loopback (``address``) and on an ipc:// socket in ``ipc_dir``
+    (``ipc_address``), as a daemon does, so each transport has its own floor.
+    """
+
+    def __init__(self, ipc_dir: str) -> None:
+        self.ipc_dir = ipc_dir
 
     def __enter__(self) -> "RawEchoServer":
-        self.process = subprocess.Popen([sys.executable, "-m", "transfer.rpc_bench"],
-                                        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "transfer.rpc_bench", f"ipc://{Path(self.ipc_dir) / 'raw-echo.sock'}"],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self.address = self.process.stdout.readline().strip()
-        if not self.address:
+        self.ipc_address = self.process.stdout.readline().strip()
+        if not self.address or not self.ipc_address:
             self.process.kill()
             raise RuntimeError("raw echo server failed to start")
         return self
@@ -89,13 +107,14 @@ class RawEchoServer:
         self.process.wait()
 
 
-def _serve_raw_echo() -> None:
+def _serve_raw_echo(ipc_endpoint: str) -> None:
     sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.bind("tcp://127.0.0.1:*")
-    print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+    for endpoint in ("tcp://127.0.0.1:*", ipc_endpoint):
+        sock.bind(endpoint)
+        print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     while True:
         sock.send_multipart(sock.recv_multipart())
 
 
 if __name__ == "__main__":
-    _serve_raw_echo()
+    _serve_raw_echo(sys.argv[1])

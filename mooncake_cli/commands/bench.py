@@ -30,7 +30,8 @@ def rpc(
     """Control-plane round trips against a master daemon this command starts and stops.
 
     Reports latency p50/p99 with one request outstanding and ops/s with 1, 8 and 64
-    outstanding, next to a bare ZeroMQ echo measured in the same run (the floor).
+    outstanding, over the master's TCP address and over its ipc:// socket (what clients on
+    this host use), next to a bare ZeroMQ echo over each measured in the same run (the floor).
     """
     latency_count = max(100, requests // 4)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir:
@@ -38,27 +39,42 @@ def rpc(
         supervisor.up(cluster_config)
         paths = ClusterPaths.of(workdir)
         try:
-            with RpcClient(supervisor.daemon_address(paths, "master"), timeout=config.rpc_timeout) as client:
-                latency = rpc_latency(client, latency_count)
-                throughput = {n: rpc_throughput(client, requests, n) for n in OUTSTANDING}
+            endpoints = {"tcp": supervisor.daemon_address(paths, "master")}
+            local = supervisor.local_daemon_address(paths, "master")
+            if local != endpoints["tcp"]:
+                endpoints["ipc"] = local
+            measured = {}
+            for transport, address in endpoints.items():
+                with RpcClient(address, timeout=config.rpc_timeout) as client:
+                    measured[transport] = (rpc_latency(client, latency_count),
+                                           {n: rpc_throughput(client, requests, n) for n in OUTSTANDING})
         finally:
             supervisor.down(paths, config.stop_grace)
-    with RawEchoServer() as raw:
-        floor = raw_latency(raw.address, latency_count)
-    data = {
-        "latency_us": {"p50": latency.p50_us, "p99": latency.p99_us, "requests": latency.count},
-        "ops_per_s": {str(n): ops for n, ops in throughput.items()},
-        "floor_raw_zmq_latency_us": {"p50": floor.p50_us, "p99": floor.p99_us},
-    }
+        with RawEchoServer(workdir) as raw:
+            floors = {"tcp": raw_latency(raw.address, latency_count),
+                      "ipc": raw_latency(raw.ipc_address, latency_count)}
+
+    def figures(transport: str) -> dict:
+        latency, throughput = measured[transport]
+        return {
+            "latency_us": {"p50": latency.p50_us, "p99": latency.p99_us, "requests": latency.count},
+            "ops_per_s": {str(n): ops for n, ops in throughput.items()},
+            "floor_raw_zmq_latency_us": {"p50": floors[transport].p50_us, "p99": floors[transport].p99_us},
+        }
+
+    # The top-level figures stay the TCP ones they always were; "ipc" adds the same-host path.
+    data = {**figures("tcp"), **({"ipc": figures("ipc")} if "ipc" in measured else {})}
 
     def render(d: dict) -> Table:
-        table = Table("measure", "mooncake rpc", "raw zmq echo (floor)", title="control-plane RPC, loopback")
-        table.add_row("latency p50 (µs)", f"{d['latency_us']['p50']:.0f}",
-                      f"{d['floor_raw_zmq_latency_us']['p50']:.0f}")
-        table.add_row("latency p99 (µs)", f"{d['latency_us']['p99']:.0f}",
-                      f"{d['floor_raw_zmq_latency_us']['p99']:.0f}")
-        for n, ops in d["ops_per_s"].items():
-            table.add_row(f"ops/s, {n} outstanding", f"{ops:,.0f}", "")
+        views = [("tcp", d)] + ([("ipc", d["ipc"])] if "ipc" in d else [])
+        table = Table("measure", *(f"mooncake rpc {t}" for t, _ in views),
+                      *(f"raw zmq echo {t} (floor)" for t, _ in views), title="control-plane RPC, this host")
+        for q in ("p50", "p99"):
+            table.add_row(f"latency {q} (µs)", *(f"{v['latency_us'][q]:.0f}" for _, v in views),
+                          *(f"{v['floor_raw_zmq_latency_us'][q]:.0f}" for _, v in views))
+        for n in d["ops_per_s"]:
+            table.add_row(f"ops/s, {n} outstanding", *(f"{v['ops_per_s'][n]:,.0f}" for _, v in views),
+                          *("" for _ in views))
         return table
 
     emit(data, json_output, render)
