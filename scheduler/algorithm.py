@@ -6,6 +6,25 @@ is longer by more than ``kvcache_balancing_threshold`` tokens, and picks the min
 threshold on ``auto`` both options are estimated and the cheaper wins, so the break-even point
 follows the transfer rate the predictor has observed instead of a hand-tuned constant.
 
+``auto`` also prices what the per-request comparison leaves out: the delay a placement imposes
+on the requests that will queue behind it. Algorithm 1 compares instance i's queue + own work
+(q_i + D_i, D_i = transfer + prefill there), which is this request's TTFT only; but D_i seconds
+of work on a FIFO instance also delay every later request that joins that instance while this one
+is still waiting or running, about ``rate * (q_i + D_i)`` of them at the observed arrival rate per
+prefill instance. So auto picks by
+
+    cost_i = TTFT_i + D_i * rate * TTFT_i = TTFT_i * (1 + rate * D_i)
+
+which, when the cluster is busy, prefers the placement that adds the least work (the holder of
+the prefix, or recomputing a short gap instead of queueing a pull on a busy instance) over
+moving to an instance that is only a little less loaded. This is why small fixed thresholds such
+as 512 looked slightly better than 0 in the sim: charging a non-holder for the recomputation of
+a one-block gap is a crude version of the same bias toward less work (and 512's lead over 0 is
+within what a 0.1% change of arrival times moves the mean TTFT by). The other unpriced cost, a
+source's NIC serialising pulls, is small in the sim: pulls wait ~12 ms for it on average, ~3 ms
+per request. The pull-or-recompute choice on one instance is unchanged by the term (it scales
+both sides' D_i alike); it acts on which instance wins. Fixed thresholds keep Algorithm 1's rule.
+
 The baselines of the paper's Figure 5 share the same estimates but choose differently:
 random (any instance), load (shortest queue), cache (longest own prefix, then shortest queue).
 None of them moves KV between instances. The decode half of the pair is the conductor's
@@ -45,8 +64,13 @@ class PrefillChoice:
 
 def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping[str, PrefillQueue],
                    now: float, cfg: SchedulerConfig, prefill: PrefillTimeModel,
-                   transfer: TransferTimeModel, rng: random.Random) -> tuple[PrefillChoice, dict[str, float]]:
+                   transfer: TransferTimeModel, rng: random.Random,
+                   arrival_rate: float = 0.0) -> tuple[PrefillChoice, dict[str, float]]:
     """The prefill instance for ``request`` under ``cfg.policy``, and every candidate's TTFT.
+
+    ``arrival_rate``: requests per second per prefill instance lately; with the auto threshold
+    kvcentric charges each candidate the delay its work imposes on that many later arrivals per
+    second of its TTFT (module docstring). 0 (or a fixed threshold) picks by TTFT alone.
 
     This runs for every request on every instance, so it works on plain numbers and builds the
     one PrefillChoice of the winner; estimates that depend only on the prefix length an instance
@@ -88,6 +112,16 @@ def choose_prefill(request: ScheduleRequest, match: PrefixMatch, queues: Mapping
         pick = min(range(len(rows)), key=lambda ix: (rows[ix][1], ix))
     elif cfg.policy == "cache":
         pick = min(range(len(rows)), key=lambda ix: (-rows[ix][2], rows[ix][1], ix))
+    elif cfg.threshold is None and arrival_rate > 0:
+        # ttft * (1 + rate * own work): own TTFT plus own work times the later arrivals it delays.
+        # Among the candidates that meet the TTFT SLO, if any: the charge must not turn a request
+        # that one instance could serve in time into a rejection.
+        slo = cfg.ttft_slo
+
+        def cost(ix: int) -> tuple[bool, float, int]:
+            ttft, t_queue = rows[ix][0], rows[ix][1]
+            return slo > 0 and ttft > slo, ttft * (1.0 + arrival_rate * (ttft - t_queue)), ix
+        pick = min(range(len(rows)), key=cost)
     else:
         pick = min(range(len(rows)), key=lambda ix: (rows[ix][0], ix))
     _, t_queue, blocks, pulls, key = rows[pick]

@@ -33,6 +33,7 @@ PREFILL_SAMPLES = 512  # recent worker timings the prefill model is fitted on
 PREFILL_REFIT = 64  # samples between refits: a fit costs ~100 us, a decision ~50 us
 DECODE_SAMPLES = 512  # recent decode steps the TBT model is fitted on
 DECODE_REFIT = 64  # steps between refits (a busy decode worker reports hundreds a second)
+ARRIVAL_SAMPLES = 256  # recent admissions the auto threshold's arrival rate is measured over
 
 
 @dataclass
@@ -65,6 +66,9 @@ class Conductor:
         self.decode: dict[str, DecodeBatch] = {}
         self.inflight: dict[str, _InFlight] = {}
         self._rng = random.Random(self.cfg.seed)
+        # Times of recent admissions to prefill: the auto threshold charges a placement for the
+        # later arrivals its work delays, at this observed rate (scheduler.algorithm).
+        self._admitted: deque[float] = deque(maxlen=ARRIVAL_SAMPLES)
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -90,7 +94,8 @@ class Conductor:
         cfg = self.cfg
         match = self.index.match(request.block_keys)
         choice, candidates = choose_prefill(request, match, self.prefill, now, cfg,
-                                            self.prefill_model, self.transfer_model, self._rng)
+                                            self.prefill_model, self.transfer_model, self._rng,
+                                            self.arrival_rate(now) if cfg.threshold is None else 0.0)
         context = request.input_length + request.expected_output
         decision = Decision(
             request.request_id, choice.reason, choice.prefill_id, None, choice.prefix_tokens,
@@ -118,6 +123,7 @@ class Conductor:
             decision.decode_id, decision.reason = None, REJECT_TBT
             return decision
         self.prefill[choice.prefill_id].enqueue(request.request_id, choice.ttft - choice.t_queue, now)
+        self._admitted.append(now)
         self.forecast.prefill_planned(request.request_id, decode_id, context)
         self.inflight[request.request_id] = _InFlight(choice.prefill_id, decode_id, context)
         return decision
@@ -210,6 +216,16 @@ class Conductor:
         except ValueError:
             return False  # one batch size and context so far: keep the old model
         return True
+
+    def arrival_rate(self, now: float) -> float:
+        """Requests per second per prefill instance admitted lately (the last
+        ``ARRIVAL_SAMPLES`` admissions, up to ``now``); 0 until two came at different times."""
+        if len(self._admitted) < 2 or not self.prefill:
+            return 0.0
+        span = now - self._admitted[0]
+        if span <= 0:
+            return 0.0
+        return (len(self._admitted) - 1) / span / len(self.prefill)
 
     # -- helpers ------------------------------------------------------------------------------
 

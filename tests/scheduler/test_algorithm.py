@@ -113,3 +113,50 @@ def test_baselines_choose_by_their_own_rule():
         assert d.reason != TRANSFER  # baselines never move KV
         seen.add(d.prefill_id)
     assert seen == {"A", "B"}
+
+
+def _auto_at_rate(times, threshold=None):
+    """A holds 4 of 6 blocks and has 0.05 s queued; B is idle. ``times``: earlier admissions."""
+    conductor = make(threshold=threshold)
+    conductor._admitted.extend(times)
+    conductor.prefill["A"].enqueue("filler", 0.05, now=1.0)
+    return conductor
+
+
+def test_auto_charges_the_delay_a_placement_imposes_on_later_arrivals():
+    # TTFT: A = 0.05 queue + 0.2 prefill = 0.25 (D = 0.2 s of work); B = 0.04 pull + 0.2 = 0.24
+    # (D = 0.24). cost = TTFT * (1 + rate * D), rate per prefill instance.
+    # 3 admissions over 1 s on 2 instances: rate 1/s. A 0.25*1.2 = 0.3 > B 0.24*1.24 = 0.2976.
+    slow = _auto_at_rate([0.0, 0.5, 1.0])
+    assert slow.arrival_rate(1.0) == pytest.approx(1.0)
+    d = slow.schedule(request(), now=1.0)
+    assert (d.prefill_id, d.reason, d.transfer_tokens) == ("B", TRANSFER, 400)
+    assert d.candidates == pytest.approx({"A": 0.25, "B": 0.24})  # still plain TTFTs
+    # 5 admissions over 1 s: rate 2/s. A 0.25*1.4 = 0.35 < B 0.24*1.48 = 0.3552: the holder
+    # wins although its own TTFT is 10 ms longer, because it adds 40 ms less work to the queues.
+    busy = _auto_at_rate([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert busy.arrival_rate(1.0) == pytest.approx(2.0)
+    d = busy.schedule(request(), now=1.0)
+    assert (d.prefill_id, d.reason, d.transfer_tokens) == ("A", LOCAL_HIT, 0)
+    assert d.predicted_ttft == pytest.approx(0.25)
+    assert busy.arrival_rate(1.0) == pytest.approx(2.5)  # counts its own admission
+    # A fixed threshold keeps Algorithm 1's rule at any rate: least TTFT, B pulls.
+    fixed = _auto_at_rate([0.0, 0.25, 0.5, 0.75, 1.0], threshold=0)
+    assert fixed.schedule(request(), now=1.0).prefill_id == "B"
+
+
+def test_arrival_rate_needs_two_admissions_apart():
+    conductor = make()
+    assert conductor.arrival_rate(5.0) == 0.0
+    conductor._admitted.extend([2.0, 2.0])
+    assert conductor.arrival_rate(2.0) == 0.0
+    assert conductor.arrival_rate(3.0) == pytest.approx(0.5)  # 1 interval / 1 s / 2 instances
+
+
+def test_auto_charge_never_picks_past_the_ttft_slo_when_another_meets_it():
+    # As the busy case above, but with a TTFT SLO of 0.245 s only B (0.24) meets it.
+    conductor = make(ttft_slo=0.245)
+    conductor._admitted.extend([0.0, 0.25, 0.5, 0.75, 1.0])
+    conductor.prefill["A"].enqueue("filler", 0.05, now=1.0)
+    d = conductor.schedule(request(), now=1.0)
+    assert (d.prefill_id, d.reason, d.accepted) == ("B", TRANSFER, True)
