@@ -112,6 +112,9 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.server.stop(self.config.drain_timeout)
+        if self.ipc_address:
+            # libzmq leaves a bound ipc socket's file behind when the socket closes.
+            self.paths.ipc_socket(self.name).unlink(missing_ok=True)
         self.teardown()
 
     def _request_stop(self, signum: int, frame: Any) -> None:

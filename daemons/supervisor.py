@@ -97,7 +97,7 @@ def live_daemons(paths: ClusterPaths) -> dict[str, psutil.Process]:
 
 def _clear_records(paths: ClusterPaths) -> None:
     for name in paths.known_daemons():
-        # The socket too: a daemon that closes cleanly unlinks it, a killed one leaves it.
+        # The ipc socket too: a daemon that stops cleanly unlinks it, a killed one cannot.
         for path in (paths.pidfile(name), paths.announce_file(name), paths.exit_file(name),
                      paths.ipc_socket(name)):
             path.unlink(missing_ok=True)

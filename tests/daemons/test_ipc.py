@@ -52,15 +52,22 @@ def test_another_host_reading_the_workdir_keeps_tcp(mooncake):
     assert local_daemon_address(paths, "master") == daemon_address(paths, "master")
 
 
-def test_down_removes_the_socket_of_a_killed_daemon(mooncake):
+def wait_exited(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"pid {pid} is still running"
+        time.sleep(0.05)
+
+
+def test_a_stopped_daemon_unlinks_its_socket_and_down_removes_a_killed_ones(mooncake):
     cluster = mooncake.json("up")
     run = mooncake.workdir / "run"
-    master = cluster["daemons"][0]
+    master, store_client = cluster["daemons"]
+    os.kill(store_client["pid"], signal.SIGTERM)
+    wait_exited(store_client["pid"])
+    assert not (run / f"{store_client['name']}.sock").exists()
     os.kill(master["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(master["pid"]) and psutil.Process(master["pid"]).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the killed master is still running"
-        time.sleep(0.05)
+    wait_exited(master["pid"])
     assert (run / f"{master['name']}.sock").exists(), "a killed daemon cannot unlink its socket"
     result = mooncake("down")
     assert result.returncode == 0, result.stderr.decode()
