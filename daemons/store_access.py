@@ -13,13 +13,23 @@ from store.client import StoreClient
 from transfer.settings import Config
 
 
-def connect(config: Config, segment_size: int = 0) -> StoreClient:
-    """A client of the cluster in ``config.workdir``; with ``segment_size`` it also contributes
-    a segment (named with the cluster's shm prefix, so `down` removes it if we die). It reaches
-    the master over its ipc:// endpoint when it has one here: every put and get waits on it."""
+def master_of(config: Config) -> tuple[str, str]:
+    """The master to talk to and the cluster id that names our shared memory.
+
+    ``--master`` (an address on another host, or etcd://... to follow the elected leader) wins;
+    otherwise the cluster in ``config.workdir``, reached over its ipc:// endpoint when it has one
+    here, since every put and get waits on that round trip."""
+    if config.master:
+        return config.master, config.cluster_id
     paths = ClusterPaths.of(config.workdir)
-    return connect_to(config, local_daemon_address(paths, "master"), cluster_info(paths)["cluster_id"],
-                      segment_size=segment_size)
+    return local_daemon_address(paths, "master"), cluster_info(paths)["cluster_id"]
+
+
+def connect(config: Config, segment_size: int = 0) -> StoreClient:
+    """A client of the master :func:`master_of` names; with ``segment_size`` it also contributes
+    a segment (named with the cluster's shm prefix, so `down` removes it if we die)."""
+    master, cluster_id = master_of(config)
+    return connect_to(config, master, cluster_id, segment_size=segment_size)
 
 
 def connect_to(config: Config, master: str, cluster_id: str, segment_size: int = 0) -> StoreClient:

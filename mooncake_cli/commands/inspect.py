@@ -7,8 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from daemons.paths import ClusterPaths
-from daemons.supervisor import daemon_address
+from daemons.store_access import master_of
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
 from store.errors import MooncakeError
@@ -56,7 +55,7 @@ def _render(what: str, data) -> Table:
     return table
 
 
-@settings_options("cluster", "rpc")
+@settings_options("cluster", "rpc", "master", "cluster_id")
 def inspect(
     what: str = typer.Argument("counters", help="counters (default: usage, free ratio, eviction "
                                "counters), segments, objects, clients, or key KEY."),
@@ -74,8 +73,7 @@ def inspect(
     if (what == "key") != (key is not None):
         raise typer.BadParameter("give KEY exactly with `inspect key KEY`")
     try:
-        master = MasterClient(daemon_address(ClusterPaths.of(config.workdir), "master"), "inspect",
-                              config.rpc_timeout)
+        master = MasterClient(master_of(config)[0], "inspect", config.rpc_timeout)
         try:
             data = master.inspect(what, key)
         finally:

@@ -21,7 +21,7 @@ from transfer.settings import parse_duration
 SOFT_PIN_DEFAULT = "default"  # what a bare --soft-pin stands for: the soft_pin_ttl setting
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "soft_pin_ttl")
+@settings_options("cluster", "rpc", "transfer", "checksum", "soft_pin_ttl", "master", "cluster_id")
 def put(
     key: str = typer.Argument(..., help="Object key."),
     source: str = typer.Argument("-", help="File to store, or - for stdin."),
@@ -58,7 +58,7 @@ def put(
         fail_on(exc)
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum")
+@settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id")
 def get(
     key: str = typer.Argument(..., help="Object key."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
@@ -81,7 +81,7 @@ def get(
         output.write_bytes(data)
 
 
-@settings_options("cluster", "rpc")
+@settings_options("cluster", "rpc", "master", "cluster_id")
 def rm(
     key: str = typer.Argument(..., help="Object key."),
     force: bool = typer.Option(False, "--force", help="Remove even while a reader holds a lease."),
@@ -98,7 +98,7 @@ def rm(
         fail_on(exc)
 
 
-@settings_options("cluster", "rpc")
+@settings_options("cluster", "rpc", "master", "cluster_id")
 def exists(
     key: str = typer.Argument(..., help="Object key."),
     json_output: bool = typer.Option(False, "--json", help="Print {\"key\", \"exists\"}."),
