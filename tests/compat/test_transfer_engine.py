@@ -63,7 +63,24 @@ def test_p2p_handshake_names_segments_by_rpc_port():
     finally:
         a.close()
         b.close()
-    assert TransferEngine().initialize("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "") == -1
+    assert TransferEngine().initialize("127.0.0.1", "redis://127.0.0.1:6379", "tcp", "") == -1
+
+
+@pytest.mark.parametrize("scheme", ["etcd://", ""])  # the original reads a bare host:port as etcd
+def test_etcd_metadata_server_holds_the_segments(tmp_path, scheme):
+    from daemons.etcd_server import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd")
+    a, b = TransferEngine(), TransferEngine()
+    try:
+        metadata = scheme + server.wait_ready().endpoints
+        assert a.initialize("127.0.0.1:17001", metadata, "tcp", "") == 0
+        assert b.initialize("127.0.0.1:17002", metadata, "tcp", "") == 0
+        exercise(a, b, "127.0.0.1:17002")
+    finally:
+        a.close()
+        b.close()
+        server.stop()
 
 
 @pytest.fixture(scope="module")

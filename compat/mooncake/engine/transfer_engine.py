@@ -8,8 +8,10 @@ descriptors live:
 - "http://host:port/metadata": Mooncake's HTTP metadata protocol (``mooncake start master
   --enable_http_metadata_server`` serves it); the segment is named ``local_hostname``.
 - "tcp://host:port": our master's metadata service; the segment is named ``local_hostname``.
+- "etcd://host:port[,host:port]" (or a bare "host:port", which the original reads as etcd):
+  descriptors in etcd under the default cluster id; the segment is named ``local_hostname``.
 
-etcd and redis are not supported by the engine (initialize returns -1 saying so). A port in
+redis is not supported by the engine (initialize returns -1 saying so). A port in
 ``local_hostname`` is not used as the RPC port under P2PHANDSHAKE: the engine binds a free one.
 ``device_name`` is the original's NIC filter; our engine probes its RDMA devices itself.
 
@@ -26,13 +28,16 @@ from typing import Any, Callable
 
 from mooncake._codes import logged
 from mooncake._raw_memory import array_at
-from mooncake._setup_args import P2P, bind_address, engine_protocol, split_hostname
+from mooncake._setup_args import P2P, bind_address, check_metadata_server, engine_protocol, split_hostname
 from transfer.batch import OpCode, Status, TransferRequest
 from transfer.engine import TransferEngine as OurEngine
 from transfer.engine_options import EngineOptions
 from transfer.errors import InvalidArgument
+from transfer.etcd_metadata import EtcdMetadata
 from transfer.http_metadata import HttpMetadata
+from transfer.leader import ETCD_SCHEME
 from transfer.memory import address_of
+from transfer.settings import setting
 
 log = logging.getLogger("mooncake")
 FAILED = -1
@@ -57,14 +62,18 @@ class TransferEngine:
         return 0
 
     def _metadata(self, metadata_server: str, local_hostname: str) -> tuple[Any, str | None]:
+        metadata_server = check_metadata_server(metadata_server)
         if metadata_server == P2P:
             return P2P, None
+        if metadata_server.startswith(ETCD_SCHEME):
+            endpoints = metadata_server[len(ETCD_SCHEME):].partition("/")[0]
+            return EtcdMetadata(endpoints, setting("cluster_id").default), local_hostname
         if metadata_server.startswith(("http://", "https://")):
             return HttpMetadata(metadata_server), local_hostname
         if metadata_server.startswith("tcp://"):
             return metadata_server, local_hostname
         raise InvalidArgument(f"metadata server {metadata_server!r}: this engine takes P2PHANDSHAKE, "
-                              "an http:// metadata server or our master's tcp:// address")
+                              "an http:// or etcd:// metadata server or our master's tcp:// address")
 
     def get_rpc_port(self) -> int:
         return self._int("get_rpc_port", lambda engine: int(engine.rpc_address.rsplit(":", 1)[1]))
