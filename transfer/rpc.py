@@ -333,6 +333,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
         self._arrived: dict[int, Reply | MooncakeError] = {}
+        self._closed = False
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
@@ -343,8 +344,15 @@ class RpcClient:
         return sock
 
     def close(self) -> None:
+        """Close the socket. Calls still waiting on it, in other threads, end with RpcError:
+        an owner may drop a client (a worker it declared dead) while requests wait on it."""
         with self._lock:
+            self._closed = True
             self._socket.close(linger=0)
+
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise RpcError(f"{op}: the client to {self.address} was closed")
 
     def __enter__(self) -> "RpcClient":
         return self
@@ -372,6 +380,7 @@ class RpcClient:
                 raise MessageTooLarge(
                     f"{op}: message of {size} bytes exceeds the limit of {self.max_message_size} bytes")
         with self._lock:
+            self._check_open(op)
             try:
                 if frames:
                     self._socket.send_multipart([header, *frames], flags=_NOBLOCK, copy=False)
@@ -387,6 +396,7 @@ class RpcClient:
             with self._lock:
                 outcome = self._take(call.id)
                 if outcome is None:
+                    self._check_open(call.op)
                     remaining = call.deadline - time.monotonic()
                     if remaining <= 0:
                         self._give_up(call.id)
@@ -430,7 +440,7 @@ class RpcClient:
 
     def _give_up(self, request_id: int) -> None:
         self._waiting.discard(request_id)
-        if not self._waiting:
+        if not self._waiting and not self._closed:
             # Nothing else is in flight: start a fresh socket so requests queued for a dead peer
             # are not delivered later, when it comes back, as stale work.
             self._socket.close(linger=0)

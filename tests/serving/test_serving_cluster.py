@@ -198,7 +198,7 @@ def test_killing_a_prefill_worker_mid_request_fails_it_fast_and_the_other_serves
     killed_at = time.monotonic()
     thread.join(timeout=FAULT_DEADLINE + 5)
     status, _, data = outcome["response"]
-    assert status == 502 and victim in json.loads(data)["error"]["message"]
+    assert status == 502 and victim in json.loads(data)["error"]["message"], data
     assert time.monotonic() - killed_at < FAULT_DEADLINE
     tokens = prompt(90, seed=41)
     answer = complete(url, prompt=tokens, max_tokens=6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 import zmq
 
 from transfer.errors import (
-    HandlerFailed, MalformedMessage, MessageTooLarge, RpcTimeout, SegmentNotFound, UnknownOperation,
+    HandlerFailed, MalformedMessage, MessageTooLarge, RpcError, RpcTimeout, SegmentNotFound,
+    UnknownOperation,
 )
 from transfer.rpc import RpcClient
 
@@ -149,3 +151,14 @@ def test_killed_server_gives_timeout_and_client_recovers_on_restart(server):
                     assert time.monotonic() < deadline, "client never reached the restarted server"
         finally:
             restarted.kill()
+
+
+def test_closing_a_client_ends_calls_waiting_on_it_with_a_typed_error(client):
+    waiting = client.submit("sleep", {"seconds": 2, "tag": "never read"}, timeout=10)
+    closer = threading.Timer(0.2, client.close)
+    closer.start()
+    with pytest.raises(RpcError, match="was closed"):
+        waiting.wait()
+    with pytest.raises(RpcError, match="was closed"):
+        client.call("echo", {})
+    closer.join()
