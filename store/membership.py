@@ -40,13 +40,17 @@ class Membership:
     def unmount_segment(self, client_id: str, segment_id: str, now: float) -> list[str]:
         """Unmount and forget every replica on the segment; returns the keys that lost their last
         replica (and so no longer exist)."""
+        return self._unmount(self._owned_segment(client_id, segment_id, now))
+
+    def _owned_segment(self, client_id: str, segment_id: str, now: float):
+        """The mounted segment ``segment_id``, which ``client_id`` must own (a liveness touch)."""
         self._touch(client_id, now)
         segment = self.segments.get(segment_id)
         if segment is None:
             raise SegmentNotFound(f"segment {segment_id!r} is not mounted")
         if segment.client_id != client_id:
             raise IllegalClient(f"segment {segment_id!r} belongs to another client")
-        return self._unmount(segment)
+        return segment
 
     def remount(self, client_id: str, segments: Iterable[Segment], objects: Iterable[ReportedObject],
                 now: float) -> dict[str, list[str]]:

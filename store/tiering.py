@@ -18,7 +18,7 @@ Mixed into :class:`store.master_state.MasterState` (its segments, objects, lru, 
 from __future__ import annotations
 
 from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, ObjectNotFound,
-                          ReplicaIsNotReady, SegmentNotFound)
+                          ReplicaIsNotReady)
 from store.objects import ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus, ReplicaTier
 from store.placement import placement_order
 
@@ -31,12 +31,7 @@ class Tiering:
         """Record that the owner of ``segment_id`` wrote ``key`` to disk from its memory replica
         at ``address`` with ``checksum``. Refused unless that replica still holds that object
         (it may have been evicted and the range reused before the owner copied it)."""
-        self._touch(client_id, now)
-        segment = self.segments.get(segment_id)
-        if segment is None:
-            raise SegmentNotFound(f"segment {segment_id!r} is not mounted")
-        if segment.client_id != client_id:
-            raise IllegalClient(f"segment {segment_id!r} belongs to another client")
+        self._owned_segment(client_id, segment_id, now)
         obj = self._complete(key)
         if checksum is None or obj.checksum != checksum or not any(
                 r.in_memory and r.segment_id == segment_id and r.address == address for r in obj.replicas):
