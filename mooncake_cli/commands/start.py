@@ -17,11 +17,7 @@ master answers, and prints its address; `mooncake status` and `mooncake down` th
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 from typing import Optional
 
 import psutil
@@ -32,13 +28,13 @@ from typer.core import TyperCommand
 
 from daemons.advertise import check_reachable
 from daemons.master import MasterDaemon
-from daemons.paths import ClusterPaths, read_json, write_json_atomic
+from daemons.paths import ClusterPaths, write_json_atomic
 from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
+from mooncake_cli.commands.start_role import spawn_in_background
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from transfer.http_metadata import HttpMetadataServer
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
 
 NAME = "master"
 app = typer.Typer(help="Start one daemon in the foreground or as a background process.",
@@ -163,37 +159,9 @@ def _run(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] |
 
 
 def _spawn(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] | None) -> dict:
-    """Run the master as `start master --foreground` in a new session; return its announce
-    record. The child reads the settings we resolved from a file, with the MOONCAKE_* variables
-    taken out of its environment, so it resolves exactly our values."""
-    paths.log_dir.mkdir(parents=True, exist_ok=True)
-    settings = paths.workdir / "master-settings.yaml"
-    settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
-    command = [sys.executable, "-m", "mooncake_cli", "start", "master", "--foreground", "--rpc_port", str(port),
-               "--workdir", str(paths.workdir), "--config", str(settings)]
+    """Run the master as `start master --foreground` in a new session; return its announce record."""
+    args = ["--rpc_port", str(port)]
     if http:
-        command += ["--enable_http_metadata_server", "--http_metadata_server_host", http[0],
-                    "--http_metadata_server_port", str(http[1])]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    with open(paths.log_file(NAME), "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                   start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
-    deadline = time.monotonic() + config.start_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            fail(f"the master exited with {process.returncode} during start-up; see {paths.log_file(NAME)}")
-        record = read_json(paths.announce_file(NAME))
-        if record and record.get("pid") == process.pid and _answers(record["address"]):
-            return record
-        time.sleep(0.05)
-    process.terminate()
-    fail(f"the master did not answer before the start timeout; see {paths.log_file(NAME)}")
-
-
-def _answers(address: str) -> bool:
-    with RpcClient(address, timeout=1.0) as client:
-        try:
-            client.call("health")
-            return True
-        except MooncakeError:
-            return False
+        args += ["--enable_http_metadata_server", "--http_metadata_server_host", http[0],
+                 "--http_metadata_server_port", str(http[1])]
+    return spawn_in_background(paths, config, "master", NAME, args)

@@ -32,6 +32,7 @@ from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from transfer.errors import MooncakeError
+from transfer.rpc import RpcClient
 from transfer.settings import SECTIONS
 
 ROLES = ("store-client", "conductor", "prefill", "decode")
@@ -84,13 +85,18 @@ def _run(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -
 
 
 def _spawn(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -> dict:
-    """`start ROLE --foreground` in a new session, reading our resolved settings from a file
-    (MOONCAKE_* taken out of its environment, so it resolves exactly our values)."""
+    return spawn_in_background(paths, config, role, name, ["--name", name, "--port", str(port)])
+
+
+def spawn_in_background(paths: ClusterPaths, config: Config, role: str, name: str, args: list[str]) -> dict:
+    """Run `start ROLE --foreground ARGS` in a new session; return its announce record once it
+    answers a health check. The child reads the settings we resolved from a file, with the
+    MOONCAKE_* variables taken out of its environment, so it resolves exactly our values."""
     paths.log_dir.mkdir(parents=True, exist_ok=True)
     settings = paths.workdir / f"{name}-settings.yaml"
     settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
-    command = [sys.executable, "-m", "mooncake_cli", "start", role, "--foreground", "--name", name,
-               "--port", str(port), "--workdir", str(paths.workdir), "--config", str(settings)]
+    command = [sys.executable, "-m", "mooncake_cli", "start", role, "--foreground", *args,
+               "--workdir", str(paths.workdir), "--config", str(settings)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
     with open(paths.log_file(name), "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -100,8 +106,17 @@ def _spawn(paths: ClusterPaths, config: Config, role: str, name: str, port: int)
         if process.poll() is not None:
             fail(f"the {role} exited with {process.returncode} during start-up; see {paths.log_file(name)}")
         record = read_json(paths.announce_file(name))
-        if record and record.get("pid") == process.pid:
+        if record and record.get("pid") == process.pid and _answers(record["address"]):
             return record
         time.sleep(0.05)
     process.terminate()
-    fail(f"the {role} did not announce itself before the start timeout; see {paths.log_file(name)}")
+    fail(f"the {role} did not answer before the start timeout; see {paths.log_file(name)}")
+
+
+def _answers(address: str) -> bool:
+    with RpcClient(address, timeout=1.0) as client:
+        try:
+            client.call("health")
+            return True
+        except MooncakeError:
+            return False
