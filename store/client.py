@@ -64,7 +64,8 @@ class StoreClient:
         try:
             if segment_size:
                 self.owner = SegmentOwner(self.engine, self.master, segment_size,
-                                          str(self.config.offload_dir or ""), self.config.bind_host)
+                                          str(self.config.offload_dir or ""), self.config.bind_host,
+                                          self.config.offload_policy)
                 if heartbeat:
                     self._pinger = threading.Thread(target=self._ping_loop, daemon=True, name="store-ping")
                     self._pinger.start()

@@ -50,6 +50,9 @@ class MasterState(Membership, Tiering):
         self._need_eviction = False
         # Per segment, the changes its owner has not seen yet (it re-reports them after a restart).
         self.journal = SegmentJournal()
+        # offload_policy "evicted": eviction victims handed to their segment's owner to copy to
+        # disk, by key, with the time after which they are freed (and lost) without that copy.
+        self.offload_pending: dict[str, float] = {}
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,
@@ -85,6 +88,7 @@ class MasterState(Membership, Tiering):
             self._drop(existing)  # a disk copy would be stale; overwrite in memory only
             return self._allocate(client_id, key, size, now, config)
         self.lru.pop(key, None)
+        self.offload_pending.pop(key, None)  # its owner's copy, if one comes, is refused as stale
         obj = self._new_object(client_id, key, size, now, config, existing.replicas)
         for replica in obj.replicas:
             replica.status = ReplicaStatus.PROCESSING
@@ -149,6 +153,8 @@ class MasterState(Membership, Tiering):
         obj.last_access = now
         if key in self.lru:
             self.lru.move_to_end(key)
+            # Used again: no longer a victim; a disk copy its owner still reports is just kept.
+            self.offload_pending.pop(key, None)
         elif obj.promoting is None:  # only on disk
             obj.disk_reads += 1
         self.stats.num_leases_granted += 1
@@ -193,22 +199,31 @@ class MasterState(Membership, Tiering):
     def evict(self, now: float) -> list[str]:
         """Background eviction: when usage is above ``high_watermark`` (or a put recently had to
         evict), evict LRU objects until usage is ``eviction_ratio`` below min(usage, watermark).
-        Returns the evicted keys in eviction order."""
+        Returns the evicted keys in eviction order.
+
+        With offload_policy "evicted", a victim its segment's owner can copy to disk is handed to
+        that owner instead (see :meth:`_hand_over`) and freed when the copy is reported; one not
+        reported within ``client_ttl`` is freed here without it (the owner is as good as dead)."""
+        expired = [self.objects[k] for k, deadline in self.offload_pending.items() if deadline <= now]
+        self.stats.num_offload_timeouts += len(expired)
+        evicted = self._evict(expired)
         capacity, used = self.capacity, self.used_bytes
         if capacity == 0:
-            return []
+            return evicted
         watermark = self.policy.high_watermark * capacity
         if used <= watermark and not self._need_eviction:
-            return []
+            return evicted
         self._need_eviction = False
         target = min(used, watermark) - self.policy.eviction_ratio * capacity
         victims, freed = [], 0
         for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
             if used - freed <= target:
                 break
-            victims.append(obj)
+            # A pending victim counts as freed: its bytes are on their way out already.
             freed += sum(self._block_bytes(r) for r in obj.replicas if r.in_memory)
-        return self._evict(victims)
+            if obj.key not in self.offload_pending and not self._hand_over(obj, now):
+                victims.append(obj)
+        return evicted + self._evict(victims)
 
     # == totals ===============================================================================
     @property
@@ -305,24 +320,57 @@ class MasterState(Membership, Tiering):
         of them has enough free bytes. False when nothing there is evictable."""
         eligible = {sid: s for sid, s in self.segments.items()
                     if sid not in excluded and s.allocator.block_size(size) <= s.allocator.capacity}
+        # First spare what an owner could copy to disk; if that frees too little, evict those
+        # too, without a copy: a put never waits on an owner.
+        for spare in (True, False):
+            victims, enough = self._victims_for(size, eligible, now, spare)
+            if enough:
+                break
+        self._evict(victims)
+        return bool(victims)
+
+    def _victims_for(self, size: int, eligible: dict[str, SegmentState], now: float,
+                     spare_offloadable: bool) -> tuple[list[ObjectMeta], bool]:
+        """LRU victims on ``eligible`` segments until one of them would fit ``size``; and whether
+        one would."""
         freed = dict.fromkeys(eligible, 0)
         victims = []
         for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
             hits = [r for r in obj.replicas if r.in_memory and r.segment_id in eligible]
-            if not hits:
+            if not hits or (spare_offloadable and self._offload_source(obj) is not None):
                 continue
             victims.append(obj)
             for r in hits:
                 freed[r.segment_id] += self._block_bytes(r)
             if any(eligible[r.segment_id].allocator.num_free_bytes + freed[r.segment_id]
                    >= eligible[r.segment_id].allocator.block_size(size) for r in hits):
-                break
-        self._evict(victims)
-        return bool(victims)
+                return victims, True
+        return victims, False
+
+    def _offload_source(self, obj: ObjectMeta) -> Replica | None:
+        """With offload_policy "evicted": the memory replica whose segment's owner can copy
+        ``obj`` to disk. None when it has a disk copy already, or no checksum (the owner checks
+        its copy against it), or no owner of its memory replicas has an SSD tier."""
+        if self.policy.offload_policy != "evicted" or obj.checksum is None \
+                or not all(r.in_memory for r in obj.replicas):
+            return None
+        return next((r for r in obj.replicas if self.segments[r.segment_id].spec.disk_endpoint), None)
+
+    def _hand_over(self, obj: ObjectMeta, now: float) -> bool:
+        """Ask the owner (through its next ping answer) to copy victim ``obj`` to disk, instead of
+        freeing it now; False when it cannot be offloaded."""
+        source = self._offload_source(obj)
+        if source is None:
+            return False
+        self.offload_pending[obj.key] = now + self.policy.client_ttl
+        self.journal.offload(source.segment_id, obj.key, source.address, obj.size, obj.checksum)
+        self.stats.num_offload_requests += 1
+        return True
 
     def _evict(self, victims: list[ObjectMeta]) -> list[str]:
         """Free the victims' memory; one with a disk replica lives on there, out of the LRU."""
         for obj in victims:
+            self.offload_pending.pop(obj.key, None)
             if all(r.in_memory for r in obj.replicas):
                 self._drop(obj)
                 continue
@@ -340,6 +388,7 @@ class MasterState(Membership, Tiering):
             self._free(obj.key, replica)
         del self.objects[obj.key]
         self.lru.pop(obj.key, None)
+        self.offload_pending.pop(obj.key, None)
 
     def _free(self, key: str, replica: Replica) -> None:
         if replica.in_memory:

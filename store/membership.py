@@ -158,6 +158,7 @@ class Membership:
             if not obj.replicas:
                 del self.objects[obj.key]
                 self.lru.pop(obj.key, None)
+                self.offload_pending.pop(obj.key, None)
                 lost.append(obj.key)
             elif not any(r.in_memory for r in obj.replicas):
                 self.lru.pop(obj.key, None)  # left only on disk elsewhere: nothing to evict

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from store.errors import InvalidParams
 
 ALLOCATION_STRATEGIES = ("random", "free_ratio_first", "local_first")
+OFFLOAD_POLICIES = ("evicted", "all")
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,13 @@ class StorePolicy:
     put_start_discard_timeout: float = 30.0
     alignment: int = 64
     max_key_length: int = 4096  # bytes of UTF-8; a 1 MiB key is a mistake, not a key
+    offload_policy: str = "evicted"
 
     def __post_init__(self) -> None:
         if self.allocation_strategy not in ALLOCATION_STRATEGIES:
             raise InvalidParams(f"allocation_strategy must be one of {', '.join(ALLOCATION_STRATEGIES)}")
+        if self.offload_policy not in OFFLOAD_POLICIES:
+            raise InvalidParams(f"offload_policy must be one of {', '.join(OFFLOAD_POLICIES)}")
         if not 0.0 < self.high_watermark <= 1.0 or not 0.0 <= self.eviction_ratio <= 1.0:
             raise InvalidParams("high_watermark must be in (0, 1] and eviction_ratio in [0, 1]")
         if min(self.lease_ttl, self.soft_pin_ttl, self.client_ttl, self.put_start_discard_timeout) < 0:

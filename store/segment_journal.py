@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class SegmentChange:
     seq: int
-    kind: str  # "complete" | "gone" (a memory replica) | "disk_gone" (the file may go)
+    # "complete" | "gone" (a memory replica) | "disk_gone" (the file may go) | "offload" (copy
+    # this evicted object to disk now: the master frees its memory once the copy is reported)
+    kind: str
     key: str
     address: int
     size: int = 0
@@ -48,6 +50,9 @@ class SegmentJournal:
 
     def gone(self, segment_id: str, key: str, address: int) -> None:
         self._append(segment_id, "gone", key, address)
+
+    def offload(self, segment_id: str, key: str, address: int, size: int, checksum: int) -> None:
+        self._append(segment_id, "offload", key, address, size, checksum)
 
     def disk_gone(self, segment_id: str, key: str) -> None:
         self._append(segment_id, "disk_gone", key, 0)

@@ -7,9 +7,11 @@ through the changes the master returns with each ping (:mod:`store.segment_journ
 that record, so that when a ping is answered NEED_REMOUNT (the master restarted, or dropped us
 as silent) it re-mounts and re-reports every complete object it holds.
 
-With an SSD tier (``offload_dir``) the owner also copies each object it learns of to a file
-(:mod:`store.disk_tier`) and reports it as a disk replica, so the object outlives its eviction
-from memory; it serves those files to readers on its own small RPC server (``store.disk_read``,
+With an SSD tier (``offload_dir``) the owner also copies objects to files (:mod:`store.disk_tier`)
+and reports them as disk replicas, so they outlive their eviction from memory: with
+``offload_policy`` "all" each object as it learns it completed; with "evicted" only those the
+master hands it as eviction victims (an "offload" change), whose memory the master frees once
+the copy is reported; it serves those files to readers on its own small RPC server (``store.disk_read``,
 the segment's ``disk_endpoint``), and deletes a file when the master says its replica is gone.
 Only objects with a checksum are offloaded: the copy is checked against it, since the range may
 have been evicted and reused before the owner read it.
@@ -37,8 +39,9 @@ log = logging.getLogger(__name__)
 
 class SegmentOwner:
     def __init__(self, engine: TransferEngine, master: MasterClient, size: int,
-                 offload_dir: str = "", host: str = "127.0.0.1") -> None:
+                 offload_dir: str = "", host: str = "127.0.0.1", offload_policy: str = "evicted") -> None:
         self.engine, self.master = engine, master
+        self.offload_all = offload_policy == "all"
         self.buffer = engine.allocate_shared_buffer(size)
         self.disk: DiskTier | None = None
         self.disk_server: RpcServer | None = None
@@ -90,13 +93,17 @@ class SegmentOwner:
                 self.disk.destroy()  # its replicas left the pool with the segment
 
     def _apply(self, changes: list[dict]) -> None:
-        completed = []
+        to_offload = []
         for change in changes:
             key = change["key"]
             if change["kind"] == "complete":
                 self.record[key] = ReportedObject(key, self.segment.segment_id, change["address"],
                                                   change["size"], change["checksum"], change["hard_pinned"])
-                completed.append(self.record[key])
+                if self.offload_all:
+                    to_offload.append(self.record[key])
+            elif change["kind"] == "offload":
+                if key in self.record and self.record[key].address == change["address"]:
+                    to_offload.append(self.record[key])
             elif change["kind"] == "disk_gone":
                 if self.disk is not None:
                     self.disk.remove(key)
@@ -104,7 +111,7 @@ class SegmentOwner:
                 del self.record[key]
             self.acked = change["seq"]
         if self.disk is not None:
-            for report in completed:
+            for report in to_offload:
                 self._offload(report)
 
     def _offload(self, report: ReportedObject) -> None:

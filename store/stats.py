@@ -16,6 +16,8 @@ class MasterStats:
     num_evicted: int = 0
     num_evicted_to_disk: int = 0  # evicted from memory but kept as a disk replica
     num_offloaded: int = 0  # disk replicas recorded
+    num_offload_requests: int = 0  # eviction victims handed to their owner to copy first
+    num_offload_timeouts: int = 0  # of those, freed (and lost) because no copy came in time
     num_promoted: int = 0  # disk-only objects copied back to memory
     num_removed: int = 0
     num_leases_granted: int = 0

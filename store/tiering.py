@@ -1,8 +1,10 @@
 """The master's SSD tier: disk replicas that segment owners report, and promotion back to memory.
 
-A store client with ``offload_dir`` writes each complete object of its segment to a local file
-(it learns of them from its ping changes) and reports it here: the object gains a DISK replica
-on that segment. Eviction then frees only the memory replicas of such an object; it stays
+A store client with ``offload_dir`` writes objects of its segment to local files and reports
+them here: the object gains a DISK replica on that segment. Which objects: with
+``offload_policy`` "all", each as it completes (the owner learns of them from its ping changes);
+with "evicted", the eviction victims the master hands it ("offload" changes, see
+``MasterState._hand_over``), whose memory is freed here once their copy is reported. Eviction then frees only the memory replicas of such an object; it stays
 readable from disk (through the owner) and leaves the LRU, which orders memory only. A disk
 replica goes with its segment: a dead or unmounted owner takes its files' replicas along.
 
@@ -40,6 +42,8 @@ class Tiering:
             return  # a retried report
         obj.replicas.append(Replica(segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK))
         self.stats.num_offloaded += 1
+        if key in self.offload_pending:
+            self._evict([obj])  # the victim handed over for this copy: now it can go
 
     def promote_start(self, client_id: str, key: str, now: float, host: str = "") -> ReplicaDescriptor:
         """One new memory replica for an object held only on disk (best effort: no eviction)."""

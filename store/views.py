@@ -20,6 +20,7 @@ def counters_view(state: MasterState) -> dict:
         "num_clients": len(state.clients),
         "num_objects": len(state.objects),
         "num_disk_replicas": sum(not r.in_memory for o in state.objects.values() for r in o.replicas),
+        "num_offload_pending": len(state.offload_pending),
         "capacity_bytes": capacity,
         "used_bytes": used,
         "used_ratio": used / capacity if capacity else 0.0,

@@ -305,6 +305,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("store", "offload_dir", "path", "",
        "Directory for the SSD tier: each store client copies its segment's objects to files "
        "there, so objects evicted from memory stay readable; empty disables it."),
+    _s("store", "offload_policy", "choice", "evicted",
+       "What the SSD tier copies: evicted objects (the master hands them to their owner before "
+       "freeing them), or all objects as they complete.",
+       choices=("evicted", "all")),
     # model: the torch model the prefill and decode workers run
     _s("model", "model_dir", "path", "",
        "Local Llama checkpoint (config.json + *.safetensors); empty: the tiny random model."),

@@ -3,6 +3,8 @@ object stays readable byte for byte, and one read twice from disk comes back int
 
 from __future__ import annotations
 
+import xxhash
+
 from store_cluster import FAST, client_for, value_for, wait_until
 
 SIZE = 256 * 1024
@@ -15,7 +17,7 @@ def tiers(client, key) -> list[str]:
 
 def test_evicted_objects_are_read_back_from_disk_and_promoted_after_two_reads(mooncake, tmp_path):
     ssd = tmp_path / "ssd"
-    mooncake.json("up", env={**FAST, "MOONCAKE_OFFLOAD_DIR": str(ssd)})
+    mooncake.json("up", env={**FAST, "MOONCAKE_OFFLOAD_DIR": str(ssd), "MOONCAKE_OFFLOAD_POLICY": "all"})
     keys = [f"obj-{i}" for i in range(COUNT)]
     with client_for(mooncake.workdir) as client:
         for key in keys:
@@ -40,3 +42,26 @@ def test_evicted_objects_are_read_back_from_disk_and_promoted_after_two_reads(mo
         wait_until(lambda: len(list(ssd.rglob("*.obj"))) == COUNT - 1, timeout=5)
     mooncake("down")
     assert not list(ssd.rglob("*.obj"))  # the owner's files leave with its segment
+
+
+def test_with_policy_evicted_only_evicted_objects_reach_disk_and_read_back_exactly(mooncake, tmp_path):
+    ssd = tmp_path / "ssd"
+    mooncake.json("up", env={**FAST, "MOONCAKE_OFFLOAD_DIR": str(ssd)})  # offload_policy: evicted
+    keys = [f"obj-{i}" for i in range(COUNT)]
+    with client_for(mooncake.workdir) as client:
+        for key in keys:
+            client.put(key, value_for(key, SIZE))
+            # Let the background pass hand its victims over and their owner copy them, so no put
+            # has to evict a victim before its copy is made.
+            wait_until(lambda: client.master.inspect()["used_ratio"] <= 0.9
+                       and client.master.inspect()["num_offload_pending"] == 0, timeout=5)
+        counters = client.master.inspect()
+        assert counters["num_objects"] == COUNT and counters["num_offload_timeouts"] == 0
+        on_disk = {k for k in keys if tiers(client, k) == ["LOCAL_DISK"]}
+        in_memory = {k for k in keys if tiers(client, k) == ["MEMORY"]}
+        assert on_disk and in_memory and on_disk | in_memory == set(keys)
+        files = {p.name for p in ssd.rglob("*.obj")}
+        assert files == {f"{xxhash.xxh3_128_hexdigest(k.encode())}.obj" for k in on_disk}
+        for key in keys:
+            assert bytes(client.get(key)) == value_for(key, SIZE)
+    mooncake("down")
