@@ -8,8 +8,11 @@ RPC operations the workers call (see :mod:`daemons.serving` for what each does):
 
 Its tick drops workers whose heartbeats stopped. The HTTP front end (``http_port``, 0: any free
 port) is announced as ``http_address`` in its announce record and cluster.json, which is how
-`mooncake generate` and `mooncake bench serve` find it. It never loads the model: the tokenizer
-and the vocabulary size are all it needs to check prompts.
+`mooncake generate` and `mooncake bench serve` find it. Started with ``--master`` (on a host of
+its own), it also registers both addresses with the master as the ``conductor`` service and keeps
+them registered (:mod:`daemons.service_registry`), so workers and `mooncake generate --master`
+on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size
+are all it needs to check prompts.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from daemons.advertise import advertise_host, advertised
 from daemons.base import Daemon
 from daemons.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
 from daemons.serving import ServingService
+from daemons.service_registry import ServiceRegistration
 
 
 def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
@@ -36,6 +41,8 @@ class ConductorDaemon(Daemon):
     role = "conductor"
     tick_interval = 0.1
 
+    registration = None  # with --master: our record kept registered there
+
     def setup(self) -> None:
         self.service = ServingService(self.config)
         self.server.register("conductor.heartbeat", self.service.heartbeat)
@@ -48,11 +55,22 @@ class ConductorDaemon(Daemon):
                              self.config.default_max_tokens)
         self.http_thread = threading.Thread(target=self.http.serve_forever, name="http", daemon=True)
         self.http_thread.start()
+        if self.config.master:
+            # Other hosts need the address they can reach, not the one we bound.
+            http_port = self.http.server_address[1]
+            self.registration = ServiceRegistration(self.config.master, {
+                "name": "conductor", "address": advertised(self.server.address, self.config),
+                "http_address": f"http://{advertise_host(self.config)}:{http_port}"}, self.config.rpc_timeout)
+            self.registration.refresh(strict=True)
 
     def tick(self, now: float) -> None:
         self.service.check_liveness(now)
+        if self.registration is not None:
+            self.registration.tick(now)
 
     def teardown(self) -> None:
+        if self.registration is not None:
+            self.registration.close()
         if hasattr(self, "http"):
             self.http.shutdown()
             self.http.server_close()

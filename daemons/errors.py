@@ -23,3 +23,7 @@ class DaemonStartFailed(MooncakeError):
 
 class AddressNotReachable(MooncakeError):
     code, name = -1003, "ADDRESS_NOT_REACHABLE"
+
+
+class ServiceNotRegistered(MooncakeError):
+    code, name = -1004, "SERVICE_NOT_REGISTERED"

@@ -2,8 +2,10 @@
 
 It serves the transfer engine's segment-descriptor metadata service (``te.meta.*``), so every
 engine of the cluster finds its peers' buffers through it, and the store's object metadata
-(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`daemons.master_store`). It
-never touches object bytes. Its tick evicts above the watermark and drops silent store clients.
+(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`daemons.master_store`), and
+the table through which daemons on other hosts find the conductor (``cluster.*``; see
+:mod:`daemons.service_registry`). It never touches object bytes. Its tick evicts above the
+watermark and drops silent store clients.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from daemons.base import Daemon
 from daemons.ha_master import start_election
 from daemons.master_store import StoreService
+from daemons.service_registry import ServiceTable
 from transfer.metadata_table import MetadataTable, serve_metadata
 
 
@@ -35,6 +38,8 @@ class MasterDaemon(Daemon):
         serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config)
         self.store.register(server)
+        self.services = ServiceTable()
+        self.services.register(server)
 
     def tick(self, now: float) -> None:
         self.store.tick(now)

@@ -1,10 +1,13 @@
 """What the prefill and decode workers share: the model, the KV layout and the conductor link.
 
-A worker finds the conductor through its announce file (``up`` starts the conductor first) and
-heartbeats to it every ``HEARTBEAT_INTERVAL``; the first heartbeat happens in :meth:`setup`, so
-a worker that `up` reports healthy is already registered. The heartbeat carries what the
-conductor schedules with (KV capacity, load) and doubles as liveness: a worker silent for
-``worker_timeout`` is dropped and its in-flight requests fail.
+A worker finds the conductor through its announce file (``up`` starts the conductor first), or,
+started with ``--master`` on a host of its own, through the master's service table
+(:mod:`daemons.service_registry`), which it reads again every ``REFRESH_INTERVAL`` so that it
+follows a conductor restarted elsewhere. It heartbeats to it every ``HEARTBEAT_INTERVAL``; the
+first heartbeat happens in :meth:`setup`, so a worker that `up` reports healthy is already
+registered. The heartbeat carries what the conductor schedules with (KV capacity, load) and
+doubles as liveness: a worker silent for ``worker_timeout`` is dropped and its in-flight
+requests fail.
 
 Every worker runs torch on one thread: the tiny model's matmuls are too small to share, and
 stored KV is reusable bit for bit only when every worker computes it with the same thread count.
@@ -18,9 +21,11 @@ from typing import Any
 
 import torch
 
+from daemons.advertise import advertised
 from daemons.base import Daemon
 from daemons.model import build_model, kv_layout
 from daemons.paths import read_json
+from daemons.service_registry import REFRESH_INTERVAL, lookup_service
 from transfer.errors import MooncakeError
 from transfer.rpc import RpcClient
 
@@ -36,10 +41,14 @@ class WorkerDaemon(Daemon):
         torch.set_num_threads(1)
         self.model = build_model(self.config)
         self.layout = kv_layout(self.config, self.model)
-        self.master_address = self._announced("master")
-        self.conductor = RpcClient(self._announced("conductor"), timeout=self.config.rpc_timeout)
+        self.master_address = self.config.master or self._announced("master")
+        # The address we give the conductor: with --master it may be on another host.
+        self.address = advertised(self.server.address, self.config) if self.config.master else self.server.address
+        self.conductor_address = self._conductor_address()
+        self.conductor = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
         self.setup_worker()
         self.next_heartbeat = 0.0
+        self.next_lookup = time.monotonic() + REFRESH_INTERVAL
         self._heartbeat(strict=True)
 
     def setup_worker(self) -> None:
@@ -50,6 +59,8 @@ class WorkerDaemon(Daemon):
         return {}
 
     def tick(self, now: float) -> None:
+        if self.config.master and now >= self.next_lookup:
+            self._follow_conductor()
         if now >= self.next_heartbeat:
             self._heartbeat(strict=False)
 
@@ -66,9 +77,29 @@ class WorkerDaemon(Daemon):
             raise RuntimeError(f"no {name} announced in {self.paths.workdir}: start it first")
         return record["address"]
 
+    def _conductor_address(self) -> str:
+        if self.config.master:
+            return lookup_service(self.config.master, "conductor", self.config.rpc_timeout)["address"]
+        return self._announced("conductor")
+
+    def _follow_conductor(self) -> None:
+        """Move to the conductor the master names now, if it moved; threads calling the old
+        client meanwhile get an RpcError and log it, as for any lost report."""
+        self.next_lookup = time.monotonic() + REFRESH_INTERVAL
+        try:
+            address = self._conductor_address()
+        except MooncakeError as exc:
+            log.warning("could not look the conductor up at the master: %s", exc)
+            return
+        if address != self.conductor_address:
+            log.info("the conductor moved from %s to %s", self.conductor_address, address)
+            old, self.conductor_address = self.conductor, address
+            self.conductor = RpcClient(address, timeout=self.config.rpc_timeout)
+            old.close()
+
     def _heartbeat(self, strict: bool) -> None:
         self.next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL
-        beat = {"name": self.name, "role": self.role, "address": self.server.address,
+        beat = {"name": self.name, "role": self.role, "address": self.address,
                 "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size, **self.load()}
         try:
             self.conductor.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))

@@ -1,4 +1,8 @@
-"""`mooncake generate`: one completion through the running cluster's conductor, P/D disaggregated."""
+"""`mooncake generate`: one completion through the running cluster's conductor, P/D disaggregated.
+
+The conductor's HTTP address comes from the cluster in the workdir, or, with ``--master`` (an
+address or etcd://...), from the master it registered with, for a conductor on another host.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,11 @@ import typer
 from rich.table import Table
 
 from daemons.paths import ClusterPaths
+from daemons.service_registry import lookup_service
 from daemons.serving_client import frontend_url, stream_completion
-from daemons.serving_errors import ServingError
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
+from transfer.errors import MooncakeError
 from transfer.settings import resolve
 
 DEMO_SENTENCE = "Mooncake keeps the KVCache of every prompt prefix in a pool shared by all prefill nodes. "
@@ -36,7 +41,7 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
-@settings_options("cluster", "request_timeout")
+@settings_options("cluster", "request_timeout", "rpc_timeout", "master")
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt text."),
     max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate at most."),
@@ -54,13 +59,14 @@ def generate(
     if demo == (prompt is not None):
         fail("give a PROMPT or --demo (not both)", EXIT_USAGE)
     try:
-        url = frontend_url(paths)
+        url = (lookup_service(config.master, "conductor", config.rpc_timeout)["http_address"] if config.master
+               else frontend_url(paths))
         prompts = _demo_prompts(paths) if demo else [prompt]
         rows = []
         for text in prompts:
             done = stream_completion(url, {"prompt": text, "max_tokens": max_tokens}, config.request_timeout)
             rows.append(_row(done.__dict__))
-    except ServingError as exc:
+    except MooncakeError as exc:
         fail_on(exc)
 
     def render(data: list[dict]) -> Table:

@@ -2,9 +2,11 @@
 
 One daemon per command, for a deployment across hosts (systemd units, containers): the daemon
 runs the same class `mooncake up` starts, with the pidfile and announce records `up` writes, so
-`mooncake status` and `mooncake down` on that host see it. A store client finds its master with
+`mooncake status` and `mooncake down` on that host see it. Every role finds its master with
 ``--master ADDR`` or ``--master etcd://host:port[,host:port][/cluster]`` (following the elected
-leader); without it, the master of the same workdir. Before starting, the advertised address is
+leader); without it, the master of the same workdir. With ``--master`` the conductor registers
+its addresses with the master and the workers find it there (:mod:`daemons.service_registry`),
+so no two roles need to share a workdir or a host. Before starting, the advertised address is
 checked: a loopback address advertised to a master or etcd on another host is refused.
 
 Without --foreground the command runs itself again with --foreground in a new session, waits
