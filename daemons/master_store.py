@@ -19,7 +19,8 @@ Ops (args -> result; errors are the typed store errors):
     store.add_disk_replica                  {client_id, key, segment_id, address, checksum} -> nil
     store.promote_start                     {client_id, key, host?}          -> replica
     store.promote_end / promote_revoke      {client_id, key}                 -> nil
-    store.remount                           {client_id, segments, objects}   -> {accepted, rejected}
+    store.remount                           {client_id, segments, objects, disk_objects?}
+                                            -> {accepted, rejected, disk_rejected}
     store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
     store.inspect                           {what: counters|segments|objects|clients|key, key?}
 
@@ -129,8 +130,12 @@ class StoreService:
         objects = args.get("objects")
         if not isinstance(segments, list) or not isinstance(objects, list):
             raise InvalidParams("remount needs lists 'segments' and 'objects'")
+        disk_objects = args.get("disk_objects", [])
+        if not isinstance(disk_objects, list):
+            raise InvalidParams("remount's 'disk_objects' must be a list")
         return self.state.remount(str_arg(args, "client_id"), [segment_from_wire(s) for s in segments],
-                                  [reported_from_wire(o) for o in objects], now)
+                                  [reported_from_wire(o) for o in objects], now,
+                                  [reported_from_wire(o) for o in disk_objects])
 
     def _ping(self, args: dict, now: float) -> dict:
         client_id = str_arg(args, "client_id")

@@ -97,10 +97,12 @@ class MasterClient:
     def unmount_segment(self, segment_id: str, timeout: float | None = None) -> list[str]:
         return list(self._call("unmount_segment", timeout, client_id=self.client_id, segment_id=segment_id))
 
-    def remount(self, segments: list[Segment], objects: list[ReportedObject]) -> dict[str, list[str]]:
+    def remount(self, segments: list[Segment], objects: list[ReportedObject],
+                disk_objects: list[ReportedObject] = ()) -> dict[str, list[str]]:
         return self._call("remount", client_id=self.client_id,
                           segments=[segment_to_wire(s) for s in segments],
-                          objects=[reported_to_wire(o) for o in objects])
+                          objects=[reported_to_wire(o) for o in objects],
+                          disk_objects=[reported_to_wire(o) for o in disk_objects])
 
     def ping(self, acks: dict[str, int], timeout: float | None = None) -> dict:
         return self._call("ping", timeout, client_id=self.client_id, acks=acks)

@@ -53,7 +53,7 @@ class Membership:
         return segment
 
     def remount(self, client_id: str, segments: Iterable[Segment], objects: Iterable[ReportedObject],
-                now: float) -> dict[str, list[str]]:
+                now: float, disk_objects: Iterable[ReportedObject] = ()) -> dict[str, list[str]]:
         """Make the master's view of this client match what the client reports.
 
         Segments it no longer reports are unmounted; reported ones are mounted (a retried mount is
@@ -61,6 +61,11 @@ class Membership:
         different object under that key (other size or checksum), or its range is not free: those
         are returned as ``rejected`` and the client must forget them, which keeps a stale copy
         from ever being served in place of a newer one.
+
+        ``disk_objects`` are the files of the client's SSD tier (checked against their header and
+        checksum by the client): each becomes a DISK replica again (see ``_adopt_disk``), so an
+        object held only on disk outlives a master restart too; refused ones come back as
+        ``disk_rejected`` and the client deletes their files.
         """
         segments = list(segments)
         # Check everything first: a refused remount changes nothing.
@@ -74,7 +79,8 @@ class Membership:
         accepted, rejected = [], []
         for report in objects:
             (accepted if self._adopt(client_id, report, now) else rejected).append(report.key)
-        return {"accepted": accepted, "rejected": rejected}
+        disk_rejected = [r.key for r in disk_objects if not self._adopt_disk(client_id, r, now)]
+        return {"accepted": accepted, "rejected": rejected, "disk_rejected": disk_rejected}
 
     def expire_clients(self, now: float) -> list[str]:
         """Drop every client silent for ``client_ttl``: unmount its segments (their replicas go)

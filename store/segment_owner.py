@@ -5,7 +5,8 @@ it costs RAM only where objects are written), so same-host peers copy into it di
 remote ones reach it over TCP. Other clients write objects into it; the owner learns which ones
 through the changes the master returns with each ping (:mod:`store.segment_journal`) and keeps
 that record, so that when a ping is answered NEED_REMOUNT (the master restarted, or dropped us
-as silent) it re-mounts and re-reports every complete object it holds.
+as silent) it re-mounts and re-reports every complete object it holds, in memory and (after
+checking each file's header and checksum) on disk.
 
 With an SSD tier (``offload_dir``) the owner also copies objects to files (:mod:`store.disk_tier`)
 and reports them as disk replicas, so they outlive their eviction from memory: with
@@ -54,6 +55,9 @@ class SegmentOwner:
                                address_of(self.buffer), size, engine.rpc_address, engine.host_id,
                                self.disk_server.address if self.disk_server else "")
         self.record: dict[str, ReportedObject] = {}  # complete objects in our segment, by key
+        # Our files the master recorded as disk replicas, by key (address 0): re-reported on a
+        # remount, so objects held only on disk outlive a master restart.
+        self.disk_record: dict[str, ReportedObject] = {}
         self.acked = 0  # the last journal change applied to the record
         self.num_remounts = 0
         self.num_offloaded = 0
@@ -75,9 +79,11 @@ class SegmentOwner:
     def remount(self) -> None:
         # A restarted master also lost our engine's descriptor: publish it before anyone reads.
         self.engine.republish()
-        outcome = self.master.remount([self.segment], list(self.record.values()))
+        outcome = self.master.remount([self.segment], list(self.record.values()), self._intact_files())
         for key in outcome["rejected"]:
             self.record.pop(key, None)
+        for key in outcome["disk_rejected"]:
+            self._forget_file(key)
         self.acked = 0  # the new master's journal starts over
         self.num_remounts += 1
         log.info("re-mounted %s: %d objects taken back, %d rejected", self.segment.segment_id,
@@ -106,7 +112,7 @@ class SegmentOwner:
                     to_offload.append(self.record[key])
             elif change["kind"] == "disk_gone":
                 if self.disk is not None:
-                    self.disk.remove(key)
+                    self._forget_file(key)
             elif key in self.record and self.record[key].address == change["address"]:
                 del self.record[key]
             self.acked = change["seq"]
@@ -126,10 +132,33 @@ class SegmentOwner:
         try:
             self.master.add_disk_replica(report.key, self.segment.segment_id, report.address,
                                          report.checksum)
+            self.disk_record[report.key] = ReportedObject(report.key, report.segment_id, 0, report.size,
+                                                          report.checksum, report.hard_pinned)
             self.num_offloaded += 1
         except MooncakeError as exc:
             log.info("disk copy of %r not recorded (%s): removed", report.key, exc.message)
             self.disk.remove(report.key)
+
+    def _intact_files(self) -> list[ReportedObject]:
+        """Our recorded files whose header, size and checksum still check out; a damaged one is
+        deleted rather than reported."""
+        intact = []
+        for key, report in list(self.disk_record.items()):
+            try:
+                data, checksum = self.disk.read(key)
+            except MooncakeError as exc:
+                log.warning("disk copy of %r not re-reported: %s", key, exc.message)
+                self._forget_file(key)
+                continue
+            if data.nbytes == report.size and checksum == report.checksum:
+                intact.append(report)
+            else:
+                self._forget_file(key)  # rewritten by something else since: trust neither
+        return intact
+
+    def _forget_file(self, key: str) -> None:
+        self.disk_record.pop(key, None)
+        self.disk.remove(key)
 
     def _disk_read(self, request: Request) -> Reply:
         key = request.args.get("key")

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, ObjectNotFound,
                           ReplicaIsNotReady)
-from store.objects import ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus, ReplicaTier
+from store.objects import (ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus, ReplicaTier,
+                           ReportedObject)
 from store.placement import placement_order
 
 PROMOTE_AFTER_DISK_READS = 2
@@ -44,6 +45,31 @@ class Tiering:
         self.stats.num_offloaded += 1
         if key in self.offload_pending:
             self._evict([obj])  # the victim handed over for this copy: now it can go
+
+    def _adopt_disk(self, client_id: str, report: ReportedObject, now: float) -> bool:
+        """Take back one re-reported disk replica (the owner checked its file); False (rejected)
+        when it cannot be trusted: the master holds another object under that key."""
+        segment = self.segments.get(report.segment_id)
+        if segment is None or segment.client_id != client_id or report.checksum is None:
+            return False
+        try:
+            self._check_key(report.key)
+            self._check_size(report.size)
+        except InvalidParams:
+            return False
+        replica = Replica(report.segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK)
+        obj = self.objects.get(report.key)
+        if obj is None:
+            # Only on disk: out of the LRU, which orders memory, like any evicted object.
+            self.objects[report.key] = ObjectMeta(
+                report.key, report.size, client_id, [replica], now, hard_pinned=report.hard_pinned,
+                last_access=now, checksum=report.checksum)
+        elif not (obj.complete and obj.size == report.size and obj.checksum == report.checksum):
+            return False
+        elif not any(not r.in_memory and r.segment_id == report.segment_id for r in obj.replicas):
+            obj.replicas.append(replica)
+        self.stats.num_adopted += 1
+        return True
 
     def promote_start(self, client_id: str, key: str, now: float, host: str = "") -> ReplicaDescriptor:
         """One new memory replica for an object held only on disk (best effort: no eviction)."""

@@ -62,7 +62,7 @@ def test_a_client_met_only_through_a_put_must_remount_and_expires_like_any_other
     m = mounted(1)
     m.put_start("pure", "k", 64, now=0.0)
     assert m.ping("pure", now=1.0) is ClientStatus.NEED_REMOUNT
-    assert m.remount("pure", [], [], now=2.0) == {"accepted": [], "rejected": []}
+    assert m.remount("pure", [], [], now=2.0) == {"accepted": [], "rejected": [], "disk_rejected": []}
     assert m.ping("pure", now=3.0) is ClientStatus.OK
     assert m.expire_clients(now=13.0) == ["c1", "pure"]
     assert m.objects == {} and m.segments == {}
@@ -109,7 +109,8 @@ def test_remount_rejects_reports_it_cannot_trust_or_place():
         ReportedObject("live", "s1", base(1) + 448, 64, checksum=5),  # the same object: a replica
     ]
     answer = m.remount("c1", [segment(1)], reports, now=1.0)
-    assert answer == {"accepted": ["fine", "live"], "rejected": ["clash", "theirs", "live", "live", "", "odd", "junk"]}
+    assert answer == {"accepted": ["fine", "live"], "rejected": ["clash", "theirs", "live", "live", "", "odd", "junk"],
+                      "disk_rejected": []}
     assert sorted(r.segment_id for r in m.objects["live"].replicas) == ["s1", "s2"]
 
 

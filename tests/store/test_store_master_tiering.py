@@ -6,9 +6,9 @@ segment lands at slot i. Client c1 owns segment s1 and writes its objects to dis
 
 import pytest
 
-from master_helpers import base, mounted, put
+from master_helpers import base, mounted, put, segment
 from store.errors import IllegalClient, InvalidParams
-from store.objects import ReplicateConfig, ReplicaTier
+from store.objects import ReplicateConfig, ReplicaTier, ReportedObject
 
 
 def stored(m, key, now=0.0, checksum=7):
@@ -86,3 +86,26 @@ def test_a_dead_owner_takes_its_disk_replicas_along():
     m.ping("c2", now=15.0)
     assert m.expire_clients(now=15.0) == ["c1"]
     assert "k0" not in m.objects
+
+
+def test_a_restarted_master_adopts_reported_disk_replicas_unless_another_object_holds_the_key():
+    m = mounted(2)
+    m.put_start("c2", "mem", 64, 0.0, ReplicateConfig(preferred_segments=("s2",)))
+    m.put_end("c2", "mem", 0.0, 5)
+    disk = [ReportedObject("only-disk", "s1", 0, 64, 9), ReportedObject("mem", "s1", 0, 64, 5),
+            ReportedObject("mem2", "s1", 0, 64, None), ReportedObject("other", "s1", 0, 64, 4)]
+    m.put_start("c2", "other", 128, 0.0, ReplicateConfig(preferred_segments=("s2",)))
+    m.put_end("c2", "other", 0.0, 4)
+    answer = m.remount("c1", [segment(1)], [], now=1.0, disk_objects=disk)
+    # No checksum: nothing to check a read against. "other" is another object now (128 bytes).
+    assert answer["disk_rejected"] == ["mem2", "other"]
+    assert tiers(m, "only-disk") == [ReplicaTier.DISK] and "only-disk" not in m.lru
+    assert tiers(m, "mem") == [ReplicaTier.MEMORY, ReplicaTier.DISK]
+    listed = m.get_replica_list("only-disk", now=2.0)
+    assert [(r.tier, r.segment_id) for r in listed.replicas] == [(ReplicaTier.DISK.value, "s1")]
+    assert m.remount("c1", [segment(1)], [], now=3.0, disk_objects=disk[:1])["disk_rejected"] == []
+    assert tiers(m, "only-disk") == [ReplicaTier.DISK]  # a repeated report adds nothing
+
+
+def tiers(m, key):
+    return [r.tier for r in m.objects[key].replicas]
