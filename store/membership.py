@@ -122,8 +122,8 @@ class Membership:
             return existing.spec == segment
         raise SegmentAlreadyExists(f"segment {segment.segment_id!r} is already mounted")
 
-    def _adopt(self, client_id: str, report: ReportedObject, now: float) -> bool:
-        """Take back one re-reported replica; False (rejected) when it cannot be trusted or placed."""
+    def _well_formed_report(self, client_id: str, report: ReportedObject) -> bool:
+        """A re-reported replica names a segment this client owns, a valid key and a valid size."""
         segment = self.segments.get(report.segment_id)
         if segment is None or segment.client_id != client_id:
             return False
@@ -131,6 +131,12 @@ class Membership:
             self._check_key(report.key)
             self._check_size(report.size)
         except InvalidParams:
+            return False
+        return True
+
+    def _adopt(self, client_id: str, report: ReportedObject, now: float) -> bool:
+        """Take back one re-reported replica; False (rejected) when it cannot be trusted or placed."""
+        if not self._well_formed_report(client_id, report):
             return False
         if isinstance(report.address, bool) or not isinstance(report.address, int):
             return False
@@ -142,7 +148,7 @@ class Membership:
             if not same or any(r.segment_id == report.segment_id for r in obj.replicas):
                 return False
         try:
-            segment.allocator.reserve(report.address, report.size)
+            self.segments[report.segment_id].allocator.reserve(report.address, report.size)
         except InvalidParams:
             return False
         replica = Replica(report.segment_id, report.address, ReplicaStatus.COMPLETE)

@@ -49,13 +49,7 @@ class Tiering:
     def _adopt_disk(self, client_id: str, report: ReportedObject, now: float) -> bool:
         """Take back one re-reported disk replica (the owner checked its file); False (rejected)
         when it cannot be trusted: the master holds another object under that key."""
-        segment = self.segments.get(report.segment_id)
-        if segment is None or segment.client_id != client_id or report.checksum is None:
-            return False
-        try:
-            self._check_key(report.key)
-            self._check_size(report.size)
-        except InvalidParams:
+        if report.checksum is None or not self._well_formed_report(client_id, report):
             return False
         replica = Replica(report.segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK)
         obj = self.objects.get(report.key)
