@@ -26,15 +26,12 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
-from daemons.advertise import check_reachable
 from daemons.master import MasterDaemon
 from daemons.paths import ClusterPaths, write_json_atomic
-from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.commands.start_role import spawn_in_background
-from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
+from mooncake_cli.commands.start_role import preflight, spawn_in_background
+from mooncake_cli.output import JSON_HELP, emit, fail
 from transfer.http_metadata import HttpMetadataServer
-from transfer.errors import MooncakeError
 
 NAME = "master"
 app = typer.Typer(help="Start one daemon in the foreground or as a background process.",
@@ -106,13 +103,7 @@ def master(
     http = None
     if enable_http_metadata_server:
         http = (http_metadata_server_host or config.bind_host, http_metadata_server_port)
-    try:
-        check_reachable(config, NAME)  # standbys and clients on other hosts find us at this address
-    except MooncakeError as exc:
-        fail_on(exc)
-    paths = ClusterPaths.of(config.workdir)
-    if NAME in live_daemons(paths):
-        fail(f"a master is already running in {paths.workdir}; stop it with `mooncake down`")
+    paths = preflight(config, "master", NAME)
     if foreground:
         raise typer.Exit(_run(paths, config, control_port, http))
     emit(_spawn(paths, config, control_port, http), json_output,

@@ -55,13 +55,7 @@ def _command(role: str) -> Callable:
         *,
         config: Config,
     ) -> None:
-        try:
-            check_reachable(config, role)
-        except MooncakeError as exc:
-            fail_on(exc)
-        paths = ClusterPaths.of(config.workdir)
-        if name in live_daemons(paths):
-            fail(f"a daemon named {name!r} already runs in {paths.workdir}; stop it with `mooncake down`")
+        paths = preflight(config, role, name)
         if foreground:
             raise typer.Exit(_run(paths, config, role, name, port))
         emit(_spawn(paths, config, role, name, port), json_output,
@@ -84,6 +78,19 @@ def _run(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -
     for stale in (paths.announce_file(name), paths.exit_file(name)):
         stale.unlink(missing_ok=True)
     return DAEMON_CLASSES[role](name, paths, config, cluster_id, port).run()
+
+
+def preflight(config: Config, role: str, name: str) -> ClusterPaths:
+    """Refuse to start when peers on other hosts could not reach our advertised address, or
+    when a daemon of that name already runs in this workdir; returns the workdir's paths."""
+    try:
+        check_reachable(config, role)  # standbys and clients on other hosts find us at this address
+    except MooncakeError as exc:
+        fail_on(exc)
+    paths = ClusterPaths.of(config.workdir)
+    if name in live_daemons(paths):
+        fail(f"a daemon named {name!r} already runs in {paths.workdir}; stop it with `mooncake down`")
+    return paths
 
 
 def _spawn(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -> dict:
