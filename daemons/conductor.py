@@ -8,9 +8,10 @@ RPC operations the workers call (see :mod:`daemons.serving` for what each does):
 
 Its tick drops workers whose heartbeats stopped. The HTTP front end (``http_port``, 0: any free
 port) is announced as ``http_address`` in its announce record and cluster.json, which is how
-`mooncake generate` and `mooncake bench serve` find it. Started with ``--master`` (on a host of
-its own), it also registers both addresses with the master as the ``conductor`` service and keeps
-them registered (:mod:`daemons.service_registry`), so workers and `mooncake generate --master`
+`mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
+size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
+both addresses and the block size with the master as the ``conductor`` service and keeps them
+registered (:mod:`daemons.service_registry`), so workers and `mooncake generate --master`
 on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size
 are all it needs to check prompts.
 """
@@ -60,7 +61,8 @@ class ConductorDaemon(Daemon):
             http_port = self.http.server_address[1]
             self.registration = ServiceRegistration(self.config.master, {
                 "name": "conductor", "address": advertised(self.server.address, self.config),
-                "http_address": f"http://{advertise_host(self.config)}:{http_port}"}, self.config.rpc_timeout)
+                "http_address": f"http://{advertise_host(self.config)}:{http_port}",
+                "kv_block_tokens": self.config.kv_block_tokens}, self.config.rpc_timeout)
             self.registration.refresh(strict=True)
 
     def tick(self, now: float) -> None:
@@ -79,6 +81,6 @@ class ConductorDaemon(Daemon):
         if not hasattr(self, "http"):
             return {}
         gauges = self.service.gauges()
-        return {"http_address": self.http.url,
+        return {"http_address": self.http.url, "kv_block_tokens": self.config.kv_block_tokens,
                 "prefill_workers": int(gauges[("mooncake_workers", (("role", "prefill"),))]),
                 "decode_workers": int(gauges[("mooncake_workers", (("role", "decode"),))])}

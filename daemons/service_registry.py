@@ -6,6 +6,10 @@ of services. Master operations::
 
     cluster.register_service {"name", "address", ...}  -> {"ok"}   replaces the record of name
     cluster.lookup_service   {"name"}                  -> the record, or SERVICE_NOT_REGISTERED
+    cluster.list_services    {}                        -> [{"record", "last_seen_ago", "alive"}]
+
+A record not refreshed within ``SERVICE_TTL`` is no longer handed out (its daemon died or lost
+the master), though `mooncake status --master` still lists it, as silent.
 
 The table lives in the master's memory and is installed with the rest of its state, so a new HA
 leader (or a restarted master) starts with it empty: the registering daemon therefore registers
@@ -18,42 +22,56 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from daemons.errors import ServiceNotRegistered
 from transfer.errors import MooncakeError
 from transfer.leader import master_rpc
-from transfer.rpc import Request
 
 log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 1.0  # seconds; bounds how long a new master leader answers lookups with "not registered"
+# Several missed refreshes, so a slow tick or one lost call does not hide a live service.
+SERVICE_TTL = 5 * REFRESH_INTERVAL
 
 
 class ServiceTable:
-    """The master's side: service name -> its latest record."""
+    """The master's side: service name -> its latest record and when it last came.
 
-    def __init__(self) -> None:
+    ``clock`` gives the time the table judges silence by; a test passes its own."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.lock = threading.Lock()
-        self.services: dict[str, dict[str, Any]] = {}
+        self.services: dict[str, tuple[dict[str, Any], float]] = {}
 
     def register(self, server: Any) -> None:
-        server.register("cluster.register_service", self._register)
-        server.register("cluster.lookup_service", self._lookup)
+        server.register("cluster.register_service", lambda request: self.put(dict(request.args)))
+        server.register("cluster.lookup_service", lambda request: self.lookup(request.args["name"]))
+        server.register("cluster.list_services", lambda request: self.listing())
 
-    def _register(self, request: Request) -> dict:
-        record = dict(request.args)
+    def put(self, record: dict[str, Any]) -> dict:
         with self.lock:
-            self.services[record["name"]] = record
+            self.services[record["name"]] = (record, self.clock())
         return {"ok": True}
 
-    def _lookup(self, request: Request) -> dict:
-        name = request.args["name"]
+    def lookup(self, name: str) -> dict:
         with self.lock:
-            record = self.services.get(name)
+            record, seen = self.services.get(name, (None, 0.0))
         if record is None:
             raise ServiceNotRegistered(f"no {name} registered with the master: start it with --master")
+        silent = self.clock() - seen
+        if silent > SERVICE_TTL:
+            raise ServiceNotRegistered(f"the {name} at {record.get('address')} went silent {silent:.1f}s ago "
+                                       f"(no refresh within {SERVICE_TTL:g}s): is it still running?")
         return record
+
+    def listing(self) -> list[dict]:
+        now = self.clock()
+        with self.lock:
+            entries = list(self.services.values())
+        return [{"record": record, "last_seen_ago": now - seen, "alive": now - seen <= SERVICE_TTL}
+                for record, seen in entries]
 
 
 def lookup_service(master: str, name: str, timeout: float) -> dict:

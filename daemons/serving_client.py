@@ -14,15 +14,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from daemons.paths import ClusterPaths
+from daemons.service_registry import lookup_service
 from daemons.serving_errors import GenerationFailed, NoWorkers, Rejected, ServingError
 from daemons.supervisor import cluster_info
+from transfer.settings import Config
 
 
-def frontend_url(paths: ClusterPaths) -> str:
-    """The HTTP address the cluster's conductor announced."""
+def find_conductor(config: Config) -> dict[str, Any]:
+    """The conductor's ``http_address`` and ``kv_block_tokens`` (the block size prompts are built
+    for): with ``--master``, as registered with that master; else as the cluster in the workdir
+    announced them."""
+    if config.master:
+        return lookup_service(config.master, "conductor", config.rpc_timeout)
+    paths = ClusterPaths.of(config.workdir)
     for daemon in cluster_info(paths)["daemons"]:
         if daemon.get("role") == "conductor" and daemon.get("http_address"):
-            return daemon["http_address"]
+            return daemon
     raise NoWorkers(f"the cluster in {paths.workdir} has no conductor: start it with workers "
                     "(--prefill-workers, --decode-workers)")
 

@@ -4,8 +4,9 @@ Each cell moves values of one size from (or into) memory registered once with th
 way a serving engine uses the store (Mooncake's put_from/get_into and their batch forms), so it
 measures the store (two master round trips per put, one per get, the engine's copy) and not
 Python allocating buffers. A cell runs for ``duration`` seconds or until the keys it may use fill
-``budget`` bytes, whichever comes first; the gets then read the keys the puts wrote. Objects are
-removed after each size, so every cell starts with the same free pool.
+``budget`` bytes, whichever comes first; the gets then read the keys the puts wrote. The objects a
+cell wrote are removed after it, so every cell starts with the same free pool, and a benchmark of
+a shared cluster (``--master``) leaves everyone else's objects alone.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def run_size(client: StoreClient, topology: str, segment_id: str, size: int, bat
             cells.append(Cell(topology, "get", mode, size, n, *get_cell))
             if not np.array_equal(sink[:size], source[:size]):
                 raise AssertionError("a get returned bytes that differ from what was put")
-            client.remove_all(force=True)
+            client.batch_remove([key for group in groups[:written] for key in group], force=True)
     finally:
         client.unregister_buffer(source)
         client.unregister_buffer(sink)

@@ -7,19 +7,17 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from daemons.paths import ClusterPaths
 from daemons.serve_bench import replay, scale
-from daemons.serving_client import frontend_url
+from daemons.serving_client import find_conductor
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from scheduler.sim.trace import load_trace
 from transfer.errors import MooncakeError
-from transfer.settings import resolve
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 
 
-@settings_options("cluster", "request_timeout")
+@settings_options("cluster", "request_timeout", "rpc_timeout", "master")
 def serve(
     trace: Path = typer.Option(DEFAULT_TRACE, help="Trace file (JSONL: timestamp ms, input_length, "
                                "output_length, hash_ids)."),
@@ -34,12 +32,14 @@ def serve(
 ) -> None:
     """Replay a slice of a request trace against the running cluster, prefix reuse off then on.
 
+    The cluster is the one in --workdir, or with --master the one whose conductor registered with
+    that master; either way its conductor says the KV block size the trace is scaled to.
+
     Reports TTFT and TBT percentiles as the client sees them, the prefix hit rate and the TTFT
     ratio between the two runs."""
-    paths = ClusterPaths.of(config.workdir)
     try:
-        url = frontend_url(paths)
-        block = resolve({}, paths.settings_file, environ={}).kv_block_tokens
+        conductor = find_conductor(config)
+        url, block = conductor["http_address"], conductor["kv_block_tokens"]
         slice_ = load_trace(trace, speedup=speedup, limit=requests)
         runs = []
         for reuse in (False, True):

@@ -11,21 +11,23 @@ from daemons import supervisor
 from daemons.paths import ClusterPaths
 from daemons.store_access import connect
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, stderr
+from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from store.bench import run_size
+from store.errors import MooncakeError
 from transfer.settings import parse_size
 
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size")
+@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size", "master", "cluster_id")
 def store(
     sizes: str = typer.Option(",".join(SIZES), help="Comma-separated value sizes."),
     batch: int = typer.Option(32, min=1, help="Objects per batch call."),
     duration: float = typer.Option(1.0, min=0.05, help="Seconds per cell at most."),
     budget: str = typer.Option("256MiB", help="Bytes of objects one cell writes at most."),
     use_running: bool = typer.Option(False, "--use-running", help="Benchmark the cluster in "
-                                     "--workdir instead of starting (and stopping) a fresh one."),
+                                     "--workdir instead of starting (and stopping) a fresh one "
+                                     "(implied by --master)."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,
@@ -33,12 +35,15 @@ def store(
     """Put and get GB/s, ops/s and p50/p99, single and batch, in two segment placements.
 
     `remote`: the segment is a store-client daemon's, another process on this host (shared
-    memory). `local`: the segment belongs to this benchmarking process."""
+    memory), or with --master, a store client of that cluster wherever it runs. `local`: the
+    segment belongs to this benchmarking process. With --master (an address or etcd://...) the
+    running cluster of that master is measured and no cluster is started."""
     try:
         values = [parse_size(s) for s in sizes.split(",")]
         limit = parse_size(budget)
     except ValueError:
         raise typer.BadParameter("--sizes and --budget take byte counts such as 4KiB,1MiB") from None
+    use_running = use_running or bool(config.master)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as scratch:
         if not use_running:
             config = config.replace(workdir=scratch, segment_size=max(config.segment_size, 2 * limit))
@@ -46,6 +51,8 @@ def store(
         paths = ClusterPaths.of(config.workdir)
         try:
             cells = _run(config, values, batch, duration, limit)
+        except MooncakeError as exc:
+            fail_on(exc)
         finally:
             if not use_running:
                 supervisor.down(paths, config.stop_grace)

@@ -10,6 +10,7 @@ from rich.table import Table
 from daemons import supervisor
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
 from daemons.paths import ClusterPaths
+from daemons.remote_status import remote_status
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, show_progress, stderr
 from transfer.errors import MooncakeError
@@ -54,13 +55,41 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
          lambda c: _daemon_table(c["daemons"], f"cluster {c['cluster_id']} up in {c['workdir']}"))
 
 
-@settings_options("cluster", "rpc")
+def _remote_table(data: dict) -> Table:
+    master = data["master"]
+    leading = {True: ", leading", False: ", NOT leading", None: ""}[master["leading"]]
+    table = Table("name", "role", "address", "last seen", "segments", "health",
+                  title=f"cluster of master {master['spec']} (answered by {master['address']}{leading})")
+    for d in data["daemons"]:
+        capacity, used = (sum(s[k] for s in d["segments"]) / 2**20 for k in ("capacity_bytes", "used_bytes"))
+        segments = f"{len(d['segments'])}: {used:.1f} of {capacity:.1f} MiB used" if d["segments"] else "-"
+        table.add_row(d["name"], d["role"], d["address"] or "-", f"{d['last_seen_ago']:.1f}s ago", segments,
+                      "[green]alive[/green]" if d["alive"] else "[red]silent[/red]")
+    return table
+
+
+@settings_options("cluster", "rpc", "master")
 def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
     """Show each daemon's role, pid, address, uptime and health.
 
+    With --master (an address or etcd://...), show instead the cluster as that master knows it,
+    wherever its daemons run: the master (for etcd://, the elected leader), each store client with
+    its segments and when the master last heard from it, and each registered service (the
+    conductor), silent once it stops refreshing its registration.
+
     Exit code 0 when every daemon is healthy, 1 otherwise (a dead daemon shows as dead, with its
-    exit reason when known; no cluster at all also exits 1).
+    exit reason when known; no cluster at all, or no master answering within --rpc-timeout, also
+    exits 1).
     """
+    if config.master:
+        try:
+            data = remote_status(config.master, config.rpc_timeout)
+        except MooncakeError as exc:
+            fail(f"cannot read the cluster from the master {config.master}: {exc.message} ({exc.name})")
+        emit(data, json_output, _remote_table)
+        if not data["healthy"]:
+            raise typer.Exit(EXIT_FAILED)
+        return
     paths = ClusterPaths.of(config.workdir)
     states = [s.as_dict() for s in supervisor.status(paths, rpc_timeout=min(config.rpc_timeout, 1.0))]
     if not states:

@@ -1,7 +1,8 @@
 """`mooncake generate`: one completion through the running cluster's conductor, P/D disaggregated.
 
-The conductor's HTTP address comes from the cluster in the workdir, or, with ``--master`` (an
-address or etcd://...), from the master it registered with, for a conductor on another host.
+The conductor's HTTP address and KV block size (which --demo sizes its shared prefix by) come from
+the cluster in the workdir, or, with ``--master`` (an address or etcd://...), from the master it
+registered with, for a conductor on another host.
 """
 
 from __future__ import annotations
@@ -11,20 +12,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from daemons.paths import ClusterPaths
-from daemons.service_registry import lookup_service
-from daemons.serving_client import frontend_url, stream_completion
+from daemons.serving_client import find_conductor, stream_completion
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
 from transfer.errors import MooncakeError
-from transfer.settings import resolve
 
 DEMO_SENTENCE = "Mooncake keeps the KVCache of every prompt prefix in a pool shared by all prefill nodes. "
 
 
-def _demo_prompts(paths: ClusterPaths) -> list[str]:
-    """Two prompts sharing a prefix of several KV blocks of the cluster's own block size."""
-    block = resolve({}, paths.settings_file).kv_block_tokens if paths.settings_file.exists() else 512
+def _demo_prompts(block: int) -> list[str]:
+    """Two prompts sharing a prefix of several KV blocks of ``block`` tokens, the cluster's own."""
     prefix = (DEMO_SENTENCE * (1 + (3 * block + block // 2) // len(DEMO_SENTENCE)))[:3 * block + block // 2]
     return [prefix + "Question one: what is stored?", prefix + "Question two: who reads it?"]
 
@@ -55,16 +52,15 @@ def generate(
 
     Shows the text with its TTFT, mean TBT, the prefix tokens reused from the KVCache store, and
     which prefill and decode workers served it."""
-    paths = ClusterPaths.of(config.workdir)
     if demo == (prompt is not None):
         fail("give a PROMPT or --demo (not both)", EXIT_USAGE)
     try:
-        url = (lookup_service(config.master, "conductor", config.rpc_timeout)["http_address"] if config.master
-               else frontend_url(paths))
-        prompts = _demo_prompts(paths) if demo else [prompt]
+        conductor = find_conductor(config)
+        prompts = _demo_prompts(conductor["kv_block_tokens"]) if demo else [prompt]
         rows = []
         for text in prompts:
-            done = stream_completion(url, {"prompt": text, "max_tokens": max_tokens}, config.request_timeout)
+            done = stream_completion(conductor["http_address"], {"prompt": text, "max_tokens": max_tokens},
+                                     config.request_timeout)
             rows.append(_row(done.__dict__))
     except MooncakeError as exc:
         fail_on(exc)
