@@ -60,8 +60,9 @@ class OpLogWriter:
         """Rebuild ``service``'s state from the log (raises EtcdUnavailable); objects rebuilt."""
         entries = {k[len(self.prefix):]: v for k, v in self.kv.get_prefix_utf8(self.prefix).items()}
         with service.lock:
-            count = replay(service.state, entries, now)
-            service.state.journal.take(service.state.segments)  # what we read is already there
+            state = service.state
+            count = replay(state, entries, now)
+            state.journal.take(state.segments, state.offload_pending)  # what we read is already there
         return count
 
     def wait_durable(self, generation: int) -> None:
@@ -91,7 +92,8 @@ class OpLogWriter:
             if service is None:
                 continue
             with service.lock:
-                batches, upto = service.state.journal.take(service.state.segments)
+                state = service.state
+                batches, upto = state.journal.take(state.segments, state.offload_pending)
             with self._cond:
                 if generation != self.generation:
                     continue

@@ -57,6 +57,11 @@ class SegmentJournal:
     def disk_gone(self, segment_id: str, key: str) -> None:
         self._append(segment_id, "disk_gone", key, 0)
 
+    def disk_added(self, segment_id: str, key: str, size: int, checksum: int,
+                   hard_pinned: bool) -> None:
+        """The owner wrote (or re-reported) this file itself: it needs no news. A hook for the
+        op log (:class:`store.oplog.OpLogJournal`), which must record it."""
+
     def forget(self, segment_id: str) -> None:
         """The segment was unmounted: its owner will not ask again."""
         self._logs.pop(segment_id, None)

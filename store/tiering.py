@@ -42,6 +42,7 @@ class Tiering:
         if any(not r.in_memory and r.segment_id == segment_id for r in obj.replicas):
             return  # a retried report
         obj.replicas.append(Replica(segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK))
+        self.journal.disk_added(segment_id, key, obj.size, checksum, obj.hard_pinned)
         self.stats.num_offloaded += 1
         if key in self.offload_pending:
             self._evict([obj])  # the victim handed over for this copy: now it can go
@@ -51,17 +52,18 @@ class Tiering:
         when it cannot be trusted: the master holds another object under that key."""
         if report.checksum is None or not self._well_formed_report(client_id, report):
             return False
-        replica = Replica(report.segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK)
         obj = self.objects.get(report.key)
         if obj is None:
             # Only on disk: out of the LRU, which orders memory, like any evicted object.
-            self.objects[report.key] = ObjectMeta(
-                report.key, report.size, client_id, [replica], now, hard_pinned=report.hard_pinned,
+            obj = self.objects[report.key] = ObjectMeta(
+                report.key, report.size, client_id, [], now, hard_pinned=report.hard_pinned,
                 last_access=now, checksum=report.checksum)
         elif not (obj.complete and obj.size == report.size and obj.checksum == report.checksum):
             return False
-        elif not any(not r.in_memory and r.segment_id == report.segment_id for r in obj.replicas):
-            obj.replicas.append(replica)
+        # One the master already holds (it never forgot it, or replayed it) is not logged again.
+        if not any(not r.in_memory and r.segment_id == report.segment_id for r in obj.replicas):
+            obj.replicas.append(Replica(report.segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK))
+            self.journal.disk_added(report.segment_id, report.key, obj.size, obj.checksum, obj.hard_pinned)
         self.stats.num_adopted += 1
         return True
 

@@ -3,9 +3,9 @@
 ``etcd`` here is a dict that applies batches the way the writer's transactions do.
 """
 
-from store.objects import ReplicateConfig, ReportedObject
+from store.objects import ReplicateConfig, ReplicaTier, ReportedObject, Segment
 from store.oplog import OpLogJournal, record_adopted, replay
-from tests.store.master_helpers import KIB, master, segment, where
+from tests.store.master_helpers import KIB, base, master, segment, where
 
 
 def leader(n: int = 2):
@@ -16,8 +16,16 @@ def leader(n: int = 2):
     return m
 
 
+def with_disk():
+    """c1 owns s1 (1 KiB, an SSD tier); a second 64-byte object makes eviction hand one over."""
+    m = master(high_watermark=0.05, eviction_ratio=0.0, client_ttl=5.0)
+    m.journal = OpLogJournal()
+    m.mount_segment("c1", Segment("s1", "seg1", base(1), KIB, "ep1", "h1", "disk1"), now=0.0)
+    return m
+
+
 def flush(m, etcd: dict) -> int:
-    batches, upto = m.journal.take(m.segments)
+    batches, upto = m.journal.take(m.segments, m.offload_pending)
     for batch in batches:
         for prefix in batch.delete_prefixes:
             for key in [k for k in etcd if k.startswith(prefix)]:
@@ -78,7 +86,7 @@ def test_a_change_made_and_undone_between_flushes_costs_one_delete():
     m.put_start("c1", "brief", 100, 1.0, ReplicateConfig(preferred_segments=("s1",)))
     m.put_end("c1", "brief", 1.0)
     m.remove("brief", 1.0)
-    batches, _ = m.journal.take(m.segments)
+    batches, _ = m.journal.take(m.segments, m.offload_pending)
     assert [b.puts for b in batches[1:]] == [{"replicas/s1/brief": None}]  # [0]: the two mounts
 
 
@@ -91,9 +99,9 @@ def test_an_unmounted_segment_leaves_with_its_replicas_and_a_remount_starts_clea
     m.mount_segment("c1", segment(1, 4 * KIB), 2.0)
     m.put_start("c1", "b", 100, 2.0, ReplicateConfig(preferred_segments=("s1",)))
     m.put_end("c1", "b", 2.0)
-    batches, _ = m.journal.take(m.segments)
+    batches, _ = m.journal.take(m.segments, m.offload_pending)
     # The put after the prefix delete rides a later transaction: etcd refuses both in one.
-    assert [sorted(b.delete_prefixes) for b in batches] == [["replicas/s1/"], []]
+    assert [sorted(b.delete_prefixes) for b in batches] == [["disk/s1/", "replicas/s1/"], []]
     for batch in batches:
         assert not any(batch.covers(k) for k in batch.puts)
 
@@ -117,3 +125,54 @@ def test_objects_a_remount_reports_that_the_log_lacked_are_logged():
     record_adopted(m, ["old"])
     flush(m, etcd)
     assert successor(etcd).get_replica_list("old", 10.0).checksum == 5
+
+
+def test_a_victim_handed_over_is_handed_to_its_owner_again_by_the_new_leader():
+    m, etcd = with_disk(), {}
+    m.put_start("c1", "a", 64, 1.0)
+    m.put_end("c1", "a", 1.0, checksum=7)
+    assert m.evict(1.0) == [] and list(m.offload_pending) == ["a"]
+    flush(m, etcd)
+    new = successor(etcd, now=10.0)
+    # The owner may not have heard of it from the dead leader: it hears of it again, and the
+    # deadline runs on the new leader's clock.
+    assert new.offload_pending == {"a": 10.0 + new.policy.client_ttl}
+    assert [(c.kind, c.key) for c in new.journal.since("s1", 0)] == [("complete", "a"), ("offload", "a")]
+    # A read takes the victim back: the hand-over leaves the log.
+    m.get_replica_list("a", 2.0)
+    flush(m, etcd)
+    assert "offloads/a" not in etcd and not successor(etcd).offload_pending
+
+
+def test_an_object_held_only_on_disk_is_readable_from_the_new_leader_until_removed():
+    m, etcd = with_disk(), {}
+    m.put_start("c1", "a", 64, 1.0)
+    m.put_end("c1", "a", 1.0, checksum=7)
+    m.evict(1.0)
+    m.add_disk_replica("c1", "a", "s1", base(1), 7, 2.0)  # the copy frees the memory
+    flush(m, etcd)
+    assert sorted(etcd) == ["disk/s1/a", "segments/s1"]
+    new = successor(etcd)
+    got = new.get_replica_list("a", 10.0)
+    assert [r.tier for r in got.replicas] == [ReplicaTier.DISK.value] and got.checksum == 7
+    assert new.used_bytes == 0 and "a" not in new.lru and not new.offload_pending
+    m.remove("a", 3.0)
+    flush(m, etcd)
+    assert not successor(etcd).objects
+
+
+def test_re_reported_files_are_logged_once_and_leave_with_their_segment():
+    m, etcd = with_disk(), {}
+    files = [ReportedObject("d", "s1", 0, 64, 9)]
+    spec = m.segments["s1"].spec
+    m.remount("c1", [spec], [], 1.0, files)
+    flush(m, etcd)
+    new = successor(etcd)
+    new.journal.take(new.segments, new.offload_pending)  # what it read is in etcd already
+    assert new.exists("d")
+    # The owner re-mounts with the new leader and reports the file it already replayed.
+    assert new.remount("c1", [spec], [], 10.0, files)["disk_rejected"] == []
+    assert new.journal.take(new.segments, new.offload_pending)[0] == []
+    m.unmount_segment("c1", "s1", 2.0)
+    flush(m, etcd)
+    assert etcd == {}
