@@ -5,7 +5,7 @@
     <workdir>/topology.json         the topology matrix `up` discovered (or loaded); engines use it
     <workdir>/run/<name>.pid        pid and process start time, written at spawn
     <workdir>/run/<name>.json       what the daemon bound (address), written once it serves
-    <workdir>/run/<name>.sock       the daemon's ipc:// endpoint, for clients on this host
+    <workdir>/run/<name>.sock       the daemon's Unix stream socket (unix://), for clients on this host
     <workdir>/run/<name>.exit       why the daemon stopped, when it could say so
     <workdir>/logs/<name>.log       the daemon's stdout and stderr
 """

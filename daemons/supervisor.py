@@ -97,7 +97,7 @@ def live_daemons(paths: ClusterPaths) -> dict[str, psutil.Process]:
 
 def _clear_records(paths: ClusterPaths) -> None:
     for name in paths.known_daemons():
-        # The ipc socket too: a daemon that stops cleanly unlinks it, a killed one cannot.
+        # The Unix socket too: a daemon that stops cleanly unlinks it, a killed one cannot.
         for path in (paths.pidfile(name), paths.announce_file(name), paths.exit_file(name),
                      paths.ipc_socket(name)):
             path.unlink(missing_ok=True)
@@ -324,8 +324,8 @@ def daemon_address(paths: ClusterPaths, role: str) -> str:
 
 
 def local_daemon_address(paths: ClusterPaths, role: str) -> str:
-    """The daemon's ipc:// endpoint when it has one on this host (a round trip over a Unix
-    socket is cheaper than over TCP loopback), else its TCP address."""
+    """The daemon's unix:// endpoint when it has one on this host (a round trip over it costs
+    a fraction of one through ZeroMQ over TCP loopback), else its TCP address."""
     daemon = _daemon_record(paths, role)
     if daemon.get("ipc_address") and daemon.get("hostname") == socket.gethostname():
         return daemon["ipc_address"]

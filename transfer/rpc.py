@@ -17,6 +17,10 @@ server keeps serving. ``timeout_ms`` lets the server skip work whose caller has 
 Handlers run on the server's I/O thread unless registered ``blocking=True``; blocking handlers
 run on a thread pool and hand their reply back through a queue and a wake-up pipe, because a
 ZeroMQ socket must only ever be touched by the thread that polls it.
+
+A server may also listen on ``unix://PATH`` (:mod:`transfer.rpc_stream`): the same messages over
+a Unix stream socket, which the same I/O thread polls beside the ZeroMQ socket. A client given a
+``unix://`` address speaks that transport; any other address goes through ZeroMQ.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import zmq
 
+from transfer import rpc_stream
 from transfer.errors import (
     HandlerFailed,
     MalformedMessage,
@@ -55,6 +60,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
+_POLLOUT = int(zmq.POLLOUT)
 
 Buffer = Any  # bytes, bytearray, memoryview, numpy array: anything with the buffer protocol
 
@@ -65,7 +71,7 @@ class Request:
     args: dict
     frames: list[memoryview]
     deadline: float  # time.monotonic() after which the caller no longer waits
-    peer: bytes = b""
+    peer: Any = b""  # a ZeroMQ identity, or the stream connection the request came on
 
 
 @dataclass
@@ -116,12 +122,19 @@ class RpcServer:
         self._accepting = True
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listeners: dict[int, rpc_stream.StreamListener] = {}
+        self._streams: dict[int, rpc_stream.ServerConnection] = {}
+        self._poll_items_stale = True
         self.num_served = 0
 
     def bind(self, endpoint: str) -> str:
-        """Serve on ``endpoint`` as well (a ROUTER takes peers on every endpoint it binds), e.g.
-        an ipc:// socket beside the TCP port for same-host clients. Call before :meth:`start`:
-        afterwards only the I/O thread may touch the socket. Returns the bound address."""
+        """Serve on ``endpoint`` as well, e.g. a ``unix://`` stream socket (or a ZeroMQ ipc://
+        one) beside the TCP port for same-host clients. Call before :meth:`start`: afterwards
+        only the I/O thread may touch the sockets. Returns the bound address."""
+        if rpc_stream.is_stream_address(endpoint):
+            listener = rpc_stream.StreamListener(endpoint)
+            self._listeners[listener.fd] = listener
+            return listener.address
         self._socket.bind(endpoint)
         return self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -145,6 +158,10 @@ class RpcServer:
             self._thread.join(timeout=max(1.0, drain_timeout))
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._socket.close(linger=0)
+        for connection in self._streams.values():
+            connection.close()
+        for listener in self._listeners.values():
+            listener.close()
         os.close(self._wake_read)
         os.close(self._wake_write)
 
@@ -152,22 +169,66 @@ class RpcServer:
 
     def _loop(self) -> None:
         sock, wake = self._socket, self._wake_read
-        # zmq_poll on a list built once: Poller.poll and dict() of its result cost a few µs of
-        # Python per wake-up, a visible share of a ~100 µs round trip.
-        items = [(sock, _POLLIN), (wake, _POLLIN)]
+        items: list = []
         while not self._stopping.is_set():
-            # One message per poll: a poll that finds something ready returns at once and costs
-            # no more than the EVENTS check a drain loop would make, and a finished blocking
-            # reply never waits behind a burst of requests.
-            ready = zmq.zmq_poll(items, 500)
-            if not ready:
-                continue
-            if ready[0][0] is sock:
-                self._handle(_recv_message(sock, True))
-            # The pipe is registered last, so when it is ready it is the last entry.
-            if ready[-1][0] == wake:
-                self._send_finished_replies()
+            if self._poll_items_stale:
+                # zmq_poll on a list rebuilt only when connections come and go: Poller.poll and
+                # dict() of its result cost a few µs of Python per wake-up, a visible share of a
+                # round trip.
+                items = self._poll_items()
+            # One ZeroMQ message per poll: a poll that finds something ready returns at once and
+            # costs no more than the EVENTS check a drain loop would make, and a finished
+            # blocking reply never waits behind a burst of requests.
+            for item, events in zmq.zmq_poll(items, 500):
+                if item is sock:
+                    message = _recv_message(sock, True)
+                    self._answer(message[0], message[1:2], [f.buffer for f in message[2:]])
+                elif item == wake:
+                    self._send_finished_replies()
+                else:
+                    self._stream_ready(item, events)
         self._send_finished_replies()
+
+    def _poll_items(self) -> list:
+        self._poll_items_stale = False
+        items = [(self._socket, _POLLIN), (self._wake_read, _POLLIN)]
+        items += [(fd, _POLLIN) for fd in self._listeners]
+        items += [(fd, _POLLIN | (_POLLOUT if c.unsent else 0)) for fd, c in self._streams.items()]
+        return items
+
+    def _stream_ready(self, fd: int, events: int) -> None:
+        listener = self._listeners.get(fd)
+        if listener is not None:
+            for sock in listener.accept():
+                connection = rpc_stream.ServerConnection(sock, self.max_message_size)
+                self._streams[connection.fd] = connection
+            self._poll_items_stale = True
+            return
+        connection = self._streams.get(fd)
+        if connection is None:
+            return
+        had_unsent = bool(connection.unsent)
+        if events & _POLLOUT:
+            connection.flush()
+        if events & ~_POLLOUT:
+            try:
+                for message in connection.receive():
+                    if isinstance(message, rpc_stream.Oversized):
+                        self._reply(connection, [_error_header(_peek_id(message.header), MessageTooLarge(
+                            f"message of {message.size} bytes exceeds the limit of "
+                            f"{self.max_message_size} bytes"))])
+                    else:
+                        self._answer(connection, message[:1], message[1:])
+            except rpc_stream.ConnectionLost:
+                connection.close()
+            except MooncakeError as exc:  # a bad frame table: where the next message starts is lost
+                connection.send([_error_header(None, exc)])
+                connection.close()
+        if not connection.open:
+            del self._streams[fd]
+            self._poll_items_stale = True
+        elif bool(connection.unsent) != had_unsent:
+            self._poll_items_stale = True
 
     def _send_finished_replies(self) -> None:
         try:
@@ -177,31 +238,41 @@ class RpcServer:
             pass
         while True:
             try:
-                _send(self._socket, self._done.get_nowait())
+                peer, reply = self._done.get_nowait()
             except queue.Empty:
                 return
+            self._reply(peer, reply)
 
-    def _handle(self, message: list) -> None:
-        peer = message[0]
-        reply = self._dispatch(peer, message[1:])
+    def _answer(self, peer: Any, header: list, bulk: list) -> None:
+        reply = self._dispatch(peer, header, bulk)
         if reply is not None:
-            _send(self._socket, [peer, *reply])
+            self._reply(peer, reply)
 
-    def _dispatch(self, peer: bytes, frames: list) -> list | None:
-        """Parse and route one request. Returns reply frames now, or None if a pool thread will."""
+    def _reply(self, peer: Any, reply: list) -> None:
+        if isinstance(peer, bytes):
+            _send(self._socket, [peer, *reply])
+            return
+        had_unsent = bool(peer.unsent)
+        peer.send(reply)
+        if bool(peer.unsent) != had_unsent or not peer.open:
+            self._poll_items_stale = True
+
+    def _dispatch(self, peer: Any, header: list, bulk: list[memoryview]) -> list | None:
+        """Parse and route one request (``header``: its first frame, or none at all). Returns
+        reply frames now, or None if a pool thread will."""
         request_id = None
         try:
-            if not frames:
+            if not header:
                 raise MalformedMessage("empty message: expected a msgpack header frame")
-            size = len(frames[0])
-            if len(frames) > 1:
-                size += sum(len(f.buffer) for f in frames[1:])
+            size = len(header[0])
+            if bulk:
+                size += sum(len(f) for f in bulk)
             if size > self.max_message_size:
-                request_id = _peek_id(frames[0])
+                request_id = _peek_id(header[0])
                 raise MessageTooLarge(
                     f"message of {size} bytes exceeds the limit of {self.max_message_size} bytes"
                 )
-            header = _parse_header(frames[0])
+            header = _parse_header(header[0])
             request_id = header["id"]
             if not self._accepting:
                 raise ShuttingDown("daemon is shutting down")
@@ -213,7 +284,7 @@ class RpcServer:
             request = Request(
                 op=header["op"],
                 args=header["args"],
-                frames=[f.buffer for f in frames[1:]],
+                frames=bulk,
                 deadline=time.monotonic() + timeout,
                 peer=peer,
             )
@@ -233,7 +304,7 @@ class RpcServer:
                 reply = [_error_header(request_id, RpcTimeout("deadline passed before the handler ran"))]
             else:
                 reply = self._run(handler, request_id, request)
-            self._done.put([request.peer, *reply])
+            self._done.put((request.peer, reply))
             os.write(self._wake_write, b"x")
         finally:
             with self._in_flight_lock:
@@ -278,7 +349,7 @@ def _send(sock: zmq.Socket, parts: list) -> None:
         sock.send_multipart(parts, copy=False)
 
 
-def _peek_id(header_bytes: bytes) -> Any:
+def _peek_id(header_bytes: bytes | None) -> Any:
     try:
         header = msgpack.unpackb(header_bytes, raw=False)
         return header.get("id") if isinstance(header, dict) else None
@@ -314,8 +385,47 @@ class PendingCall:
         return self.client._wait(self)
 
 
+class _ZmqChannel:
+    """A DEALER socket: what :class:`RpcClient` uses for tcp:// and ipc:// addresses."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self._poll_items = [(self.socket, _POLLIN)]
+        self.address = address
+
+    def send(self, op: str, frames: list, deadline: float) -> None:
+        try:
+            if len(frames) > 1:
+                self.socket.send_multipart(frames, flags=_NOBLOCK, copy=False)
+            else:
+                self.socket.send(frames[0], _NOBLOCK)
+        except zmq.Again:
+            raise RpcError(f"{op}: send queue to {self.address} is full (daemon unreachable)") from None
+
+    def wait_readable(self, timeout_ms: int) -> bool:
+        return bool(zmq.zmq_poll(self._poll_items, timeout_ms))
+
+    def receive(self) -> list[list]:
+        """Every message the socket holds; the caller's poll said there is at least one."""
+        messages, readable = [], True
+        while readable:
+            frames = _recv_message(self.socket, False)
+            messages.append([frames[0], *(f.buffer for f in frames[1:])])
+            readable = bool(self.socket.getsockopt(_EVENTS) & _POLLIN)
+        return messages
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
 class RpcClient:
-    """A DEALER socket to one daemon. Thread-safe; many calls may be in flight at once."""
+    """A connection to one daemon. Thread-safe; many calls may be in flight at once.
+
+    ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc_stream`), any other address
+    ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
+    (an RpcError) and the next call connects again."""
 
     def __init__(
         self,
@@ -334,21 +444,20 @@ class RpcClient:
         self._waiting: set[int] = set()
         self._arrived: dict[int, Reply | MooncakeError] = {}
         self._closed = False
-        self._socket = self._connect()
+        self._channel = self._connect()
 
-    def _connect(self) -> zmq.Socket:
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
-        self._poll_items = [(sock, _POLLIN)]
-        return sock
+    def _connect(self) -> _ZmqChannel | rpc_stream.ClientChannel:
+        if rpc_stream.is_stream_address(self.address):
+            # Replies are not limited by our request limit: a daemon may answer with more.
+            return rpc_stream.ClientChannel(self.address, 0xFFFFFFFF)
+        return _ZmqChannel(self._context, self.address)
 
     def close(self) -> None:
-        """Close the socket. Calls still waiting on it, in other threads, end with RpcError:
+        """Close the connection. Calls still waiting on it, in other threads, end with RpcError:
         an owner may drop a client (a worker it declared dead) while requests wait on it."""
         with self._lock:
             self._closed = True
-            self._socket.close(linger=0)
+            self._channel.close()
 
     def _check_open(self, op: str) -> None:
         if self._closed:
@@ -379,17 +488,19 @@ class RpcClient:
             if size > self.max_message_size:
                 raise MessageTooLarge(
                     f"{op}: message of {size} bytes exceeds the limit of {self.max_message_size} bytes")
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._check_open(op)
             try:
-                if frames:
-                    self._socket.send_multipart([header, *frames], flags=_NOBLOCK, copy=False)
-                else:
-                    self._socket.send(header, _NOBLOCK)
-            except zmq.Again:
-                raise RpcError(f"{op}: send queue to {self.address} is full (daemon unreachable)") from None
+                self._channel.send(op, [header, *frames], deadline)
+            except rpc_stream.ConnectionLost as exc:
+                # The peer closed the stream while it sat idle (the daemon restarted): what was
+                # in flight on it is lost, and this request never went out whole, so one try on
+                # a fresh connection cannot run it twice.
+                self._lose_waiting(exc)
+                self._channel.send(op, [header, *frames], deadline)
             self._waiting.add(request_id)
-        return PendingCall(self, request_id, op, time.monotonic() + timeout)
+        return PendingCall(self, request_id, op, deadline)
 
     def _wait(self, call: PendingCall) -> Reply:
         while True:
@@ -403,7 +514,7 @@ class RpcClient:
                         raise RpcTimeout(f"{call.op}: no reply from {self.address} within the deadline")
                     # Poll in short slices so other threads sharing this client get the socket
                     # too; what a poll brings in is looked at before the lock is let go.
-                    if zmq.zmq_poll(self._poll_items, max(1, int(min(remaining, 0.02) * 1000))):
+                    if self._channel.wait_readable(max(1, int(min(remaining, 0.02) * 1000))):
                         self._receive_ready()
                         outcome = self._take(call.id)
             if outcome is not None:
@@ -420,11 +531,12 @@ class RpcClient:
         return outcome
 
     def _receive_ready(self) -> None:
-        """Read every reply the socket holds; the caller's poll said there is at least one."""
-        readable = True
-        while readable:
-            frames = _recv_message(self._socket, False)
-            readable = bool(self._socket.getsockopt(_EVENTS) & _POLLIN)
+        try:
+            messages = self._channel.receive()
+        except rpc_stream.ConnectionLost as exc:
+            self._lose_waiting(exc)
+            return
+        for frames in messages:
             try:
                 header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
                 request_id = header["id"]
@@ -434,15 +546,20 @@ class RpcClient:
             if request_id not in self._waiting:
                 continue  # a late reply to a call that already timed out
             if header.get("ok"):
-                self._arrived[request_id] = Reply(header.get("result"), [f.buffer for f in frames[1:]])
+                self._arrived[request_id] = Reply(header.get("result"), frames[1:])
             else:
                 self._arrived[request_id] = error_from_wire(header.get("error"))
+
+    def _lose_waiting(self, error: MooncakeError) -> None:
+        """End every call in flight on a stream that broke: its reply will never come."""
+        for request_id in self._waiting:
+            self._arrived.setdefault(request_id, error)
 
     def _give_up(self, request_id: int) -> None:
         self._waiting.discard(request_id)
         if not self._waiting and not self._closed:
-            # Nothing else is in flight: start a fresh socket so requests queued for a dead peer
-            # are not delivered later, when it comes back, as stale work.
-            self._socket.close(linger=0)
-            self._socket = self._connect()
+            # Nothing else is in flight: start afresh so requests queued for a dead peer are not
+            # delivered later, when it comes back, as stale work.
+            self._channel.close()
+            self._channel = self._connect()
             self._arrived.clear()

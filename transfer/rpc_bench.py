@@ -1,15 +1,18 @@
-"""Measurements behind `mooncake bench rpc`, and the raw ZeroMQ echo server used as the floor.
+"""Measurements behind `mooncake bench rpc`, and the raw echo servers used as floors.
 
-The floor is a bare ROUTER that sends every message straight back: the round trip no RPC layer
-on this machine can beat. Reporting it in the same run keeps our figures honest on a noisy host.
-Run ``python -m transfer.rpc_bench ipc://PATH`` to start the raw echo server; it prints its TCP
-and its ipc address.
+The floors are a bare ZeroMQ ROUTER (for TCP) and a bare Unix stream socket (for unix://), each
+sending every message straight back: the round trip no RPC layer over that transport can beat
+on this machine. Reporting them in the same run keeps our figures honest on a noisy host. Run
+``python -m transfer.rpc_bench PATH`` to start the raw echo servers; it prints the ZeroMQ TCP
+address, then the Unix socket's path.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -62,42 +65,66 @@ def rpc_throughput(client: RpcClient, count: int, outstanding: int) -> float:
 
 
 def raw_latency(address: str, count: int) -> LatencyResult:
-    context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    """Round trips of a 4-byte ping to a raw echo server: ZeroMQ at tcp://, a bare socket at a path."""
+    ping = _unix_ping(address) if not address.startswith("tcp://") else _zmq_ping(address)
     try:
         samples = []
         for _ in range(count):
             start = time.perf_counter()
-            sock.send(b"ping")
-            if not sock.poll(5000):
-                raise TimeoutError("raw echo server did not answer")
-            sock.recv()
+            next(ping)
             samples.append(time.perf_counter() - start)
     finally:
-        sock.close()
+        ping.close()
     samples.sort()
     return LatencyResult(_percentile(samples, 0.5) * 1e6, _percentile(samples, 0.99) * 1e6, count)
 
 
-class RawEchoServer:
-    """A bare ROUTER echo loop in its own process; owned by a ``with`` block.
+def _zmq_ping(address: str):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        while True:
+            sock.send(b"ping")
+            if not sock.poll(5000):
+                raise TimeoutError("raw echo server did not answer")
+            sock.recv()
+            yield
+    finally:
+        sock.close()
 
-    It listens on TCP loopback (``address``) and on an ipc:// socket in ``ipc_dir``
-    (``ipc_address``), as a daemon does, so each transport has its own floor.
+
+def _unix_ping(path: str):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(path)
+    try:
+        while True:
+            sock.sendall(b"ping")
+            if not sock.recv(4):
+                raise TimeoutError("raw echo server closed the connection")
+            yield
+    finally:
+        sock.close()
+
+
+class RawEchoServer:
+    """The bare echo loops in their own process; owned by a ``with`` block.
+
+    ZeroMQ listens on TCP loopback (``address``), the bare socket at ``unix_path`` in
+    ``socket_dir``, as a daemon listens, so each transport has its own floor.
     """
 
-    def __init__(self, ipc_dir: str) -> None:
-        self.ipc_dir = ipc_dir
+    def __init__(self, socket_dir: str) -> None:
+        self.socket_dir = socket_dir
 
     def __enter__(self) -> "RawEchoServer":
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "transfer.rpc_bench", f"ipc://{Path(self.ipc_dir) / 'raw-echo.sock'}"],
+            [sys.executable, "-m", "transfer.rpc_bench", str(Path(self.socket_dir) / "raw-echo.sock")],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self.address = self.process.stdout.readline().strip()
-        self.ipc_address = self.process.stdout.readline().strip()
-        if not self.address or not self.ipc_address:
+        self.unix_path = self.process.stdout.readline().strip()
+        if not self.address or not self.unix_path:
             self.process.kill()
             raise RuntimeError("raw echo server failed to start")
         return self
@@ -107,13 +134,23 @@ class RawEchoServer:
         self.process.wait()
 
 
-def _serve_raw_echo(ipc_endpoint: str) -> None:
+def _serve_raw_echo(unix_path: str) -> None:
     sock = zmq.Context.instance().socket(zmq.ROUTER)
-    for endpoint in ("tcp://127.0.0.1:*", ipc_endpoint):
-        sock.bind(endpoint)
-        print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
-    while True:
+    sock.bind("tcp://127.0.0.1:*")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(unix_path)
+    listener.listen()
+    threading.Thread(target=_echo_unix, args=(listener,), daemon=True).start()
+    print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+    print(unix_path, flush=True)
+    while True:  # until killed; the socket file goes with the caller's temporary directory
         sock.send_multipart(sock.recv_multipart())
+
+
+def _echo_unix(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    while data := conn.recv(65536):
+        conn.sendall(data)
 
 
 if __name__ == "__main__":

@@ -30,19 +30,21 @@ def rpc(
     """Control-plane round trips against a master daemon this command starts and stops.
 
     Reports latency p50/p99 with one request outstanding and ops/s with 1, 8 and 64
-    outstanding, over the master's TCP address and over its ipc:// socket (what clients on
-    this host use), next to a bare ZeroMQ echo over each measured in the same run (the floor).
+    outstanding, over the master's TCP address (ZeroMQ) and over its unix:// stream socket
+    (what clients on this host use), next to a bare echo over each transport measured in the
+    same run (the floor: a ZeroMQ ROUTER for TCP, a plain Unix socket for unix://).
     """
     latency_count = max(100, requests // 4)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir:
-        cluster_config = config.replace(workdir=workdir)
+        # The master alone: idle workers would only add noise to a latency measurement.
+        cluster_config = config.replace(workdir=workdir, store_clients=0, prefill_workers=0, decode_workers=0)
         supervisor.up(cluster_config)
         paths = ClusterPaths.of(workdir)
         try:
             endpoints = {"tcp": supervisor.daemon_address(paths, "master")}
             local = supervisor.local_daemon_address(paths, "master")
             if local != endpoints["tcp"]:
-                endpoints["ipc"] = local
+                endpoints["unix"] = local
             measured = {}
             for transport, address in endpoints.items():
                 with RpcClient(address, timeout=config.rpc_timeout) as client:
@@ -52,26 +54,27 @@ def rpc(
             supervisor.down(paths, config.stop_grace)
         with RawEchoServer(workdir) as raw:
             floors = {"tcp": raw_latency(raw.address, latency_count),
-                      "ipc": raw_latency(raw.ipc_address, latency_count)}
+                      "unix": raw_latency(raw.unix_path, latency_count)}
 
     def figures(transport: str) -> dict:
         latency, throughput = measured[transport]
         return {
             "latency_us": {"p50": latency.p50_us, "p99": latency.p99_us, "requests": latency.count},
             "ops_per_s": {str(n): ops for n, ops in throughput.items()},
-            "floor_raw_zmq_latency_us": {"p50": floors[transport].p50_us, "p99": floors[transport].p99_us},
+            "floor_latency_us": {"p50": floors[transport].p50_us, "p99": floors[transport].p99_us},
         }
 
-    # The top-level figures stay the TCP ones they always were; "ipc" adds the same-host path.
-    data = {**figures("tcp"), **({"ipc": figures("ipc")} if "ipc" in measured else {})}
+    # The top-level figures are the TCP ones; "unix" adds the same-host path.
+    data = {**figures("tcp"), **({"unix": figures("unix")} if "unix" in measured else {})}
 
     def render(d: dict) -> Table:
-        views = [("tcp", d)] + ([("ipc", d["ipc"])] if "ipc" in d else [])
+        views = [("tcp", d)] + ([("unix", d["unix"])] if "unix" in d else [])
+        floors = {"tcp": "raw zmq echo tcp", "unix": "raw socket echo unix"}
         table = Table("measure", *(f"mooncake rpc {t}" for t, _ in views),
-                      *(f"raw zmq echo {t} (floor)" for t, _ in views), title="control-plane RPC, this host")
+                      *(f"{floors[t]} (floor)" for t, _ in views), title="control-plane RPC, this host")
         for q in ("p50", "p99"):
             table.add_row(f"latency {q} (µs)", *(f"{v['latency_us'][q]:.0f}" for _, v in views),
-                          *(f"{v['floor_raw_zmq_latency_us'][q]:.0f}" for _, v in views))
+                          *(f"{v['floor_latency_us'][q]:.0f}" for _, v in views))
         for n in d["ops_per_s"]:
             table.add_row(f"ops/s, {n} outstanding", *(f"{v['ops_per_s'][n]:,.0f}" for _, v in views),
                           *("" for _ in views))

@@ -46,7 +46,9 @@ def store(
     use_running = use_running or bool(config.master)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as scratch:
         if not use_running:
-            config = config.replace(workdir=scratch, segment_size=max(config.segment_size, 2 * limit))
+            # A store-only cluster: serving daemons would only add noise to the measurement.
+            config = config.replace(workdir=scratch, segment_size=max(config.segment_size, 2 * limit),
+                                    prefill_workers=0, decode_workers=0)
             supervisor.up(config)
         paths = ClusterPaths.of(config.workdir)
         try:

@@ -1,4 +1,5 @@
-"""The same-host fast path: every daemon also serves on ``<workdir>/run/<name>.sock``."""
+"""The same-host fast path: every daemon also serves a Unix stream socket,
+``unix://<workdir>/run/<name>.sock``."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from daemons.supervisor import daemon_address, local_daemon_address
 from transfer.rpc import RpcClient
 
 
-def test_daemons_announce_an_ipc_socket_that_answers_like_tcp(mooncake):
+def test_daemons_announce_a_unix_socket_that_answers_like_tcp(mooncake):
     cluster = mooncake.json("up")
     run = mooncake.workdir / "run"
     for daemon in cluster["daemons"]:
         assert daemon["address"].startswith("tcp://127.0.0.1:")
-        assert daemon["ipc_address"] == f"ipc://{run / (daemon['name'] + '.sock')}"
+        assert daemon["ipc_address"] == f"unix://{run / (daemon['name'] + '.sock')}"
         assert daemon["hostname"] == socket.gethostname()
         assert (run / f"{daemon['name']}.sock").is_socket()
         answers = []

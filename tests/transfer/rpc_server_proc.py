@@ -1,6 +1,7 @@
-"""A real RPC server process for the RPC tests: ``python rpc_server_proc.py [BIND] [MAX_SIZE]``.
+"""A real RPC server process for the RPC tests:
+``python rpc_server_proc.py [BIND] [MAX_SIZE] [ALSO_BIND]``.
 
-Prints its bound address on stdout, then serves until killed.
+Prints its bound address on stdout (and ALSO_BIND's on a second line), then serves until killed.
 """
 
 import sys
@@ -25,12 +26,15 @@ def main() -> None:
     bind = sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:*"
     max_size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
     server = RpcServer(bind, max_message_size=max_size, handler_threads=4)
+    also = server.bind(sys.argv[3]) if len(sys.argv) > 3 else None
     server.register("echo", lambda r: Reply(r.args, r.frames))
     server.register("sleep", lambda r: time.sleep(r.args["seconds"]) or r.args["tag"], blocking=True)
     server.register("crash", crash)
     server.register("typed_failure", typed_failure)
     server.start()
     print(server.address, flush=True)
+    if also:
+        print(also, flush=True)
     while True:
         time.sleep(3600)
 

@@ -1,5 +1,5 @@
-"""One RPC server on TCP and on an ipc:// socket at once: a same-host client over the Unix
-socket must get exactly what a TCP client gets, errors included."""
+"""One RPC server on TCP, on a ZeroMQ ipc:// socket and on a unix:// stream socket at once: a
+same-host client over either Unix socket must get exactly what a TCP client gets, errors included."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def typed_failure(request):
 def endpoints(tmp_path):
     server = RpcServer("tcp://127.0.0.1:*", max_message_size=MAX_SIZE, handler_threads=2)
     ipc = server.bind(f"ipc://{tmp_path / 'daemon.sock'}")
+    stream = server.bind(f"unix://{tmp_path / 'daemon.stream'}")
     server.register("echo", lambda r: Reply(r.args, r.frames))
     server.register("crash", crash)
     server.register("typed_failure", typed_failure)
     server.register("wait", lambda r: threading.Event().wait(r.args["seconds"]), blocking=True)
     server.start()
-    yield {"tcp": server.address, "ipc": ipc}
+    yield {"tcp": server.address, "ipc": ipc, "unix": stream}
     server.stop(drain_timeout=0.5)
 
 
@@ -48,6 +49,8 @@ def test_ipc_endpoint_is_a_unix_socket_beside_tcp(endpoints, tmp_path):
     assert endpoints["tcp"].startswith("tcp://127.0.0.1:")
     assert endpoints["ipc"] == f"ipc://{tmp_path / 'daemon.sock'}"
     assert (tmp_path / "daemon.sock").is_socket()
+    assert endpoints["unix"] == f"unix://{tmp_path / 'daemon.stream'}"
+    assert (tmp_path / "daemon.stream").is_socket()
 
 
 def test_ipc_client_gets_the_same_answers_as_tcp(endpoints):
@@ -63,14 +66,15 @@ def test_ipc_client_gets_the_same_answers_as_tcp(endpoints):
     for transport, address in endpoints.items():
         with RpcClient(address, timeout=5.0) as client:
             answers[transport] = [outcome(client, *call) for call in calls]
-    assert answers["ipc"] == answers["tcp"]
-    assert answers["ipc"][1] == ("ok", {}, [bulk, b"tail"])
-    assert [a[0] for a in answers["ipc"][2:]] == [
+    assert answers["ipc"] == answers["tcp"] == answers["unix"]
+    assert answers["unix"][1] == ("ok", {}, [bulk, b"tail"])
+    assert [a[0] for a in answers["unix"][2:]] == [
         HandlerFailed.__name__, SegmentNotFound.__name__, UnknownOperation.__name__]
 
 
-def test_ipc_many_in_flight_from_threads_and_limits(endpoints):
-    with RpcClient(endpoints["ipc"], timeout=5.0) as client:
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_many_in_flight_from_threads_and_limits(endpoints, transport):
+    with RpcClient(endpoints[transport], timeout=5.0) as client:
         calls = [client.submit("echo", {"i": i}) for i in range(200)]
         assert [c.wait().result for c in reversed(calls)] == [{"i": i} for i in reversed(range(200))]
 
