@@ -41,7 +41,7 @@ from store.errors import InvalidParams
 from store.master_state import MasterState
 from store.objects import ClientStatus
 from store.policy import StorePolicy
-from store.wire import (batch_to_wire, bool_arg, config_from_wire, descriptors_to_wire, int_arg,
+from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
 from transfer.rpc import Request, RpcServer
@@ -81,21 +81,21 @@ class StoreService:
     def _ops(self) -> dict[str, Callable[[dict, float], Any]]:
         s = self.state
         return {
-            "put_start": lambda a, now: descriptors_to_wire(s.put_start(
+            "put_start": lambda a, now: s.put_start(
                 str_arg(a, "client_id"), str_arg(a, "key"), int_arg(a, "size"), now,
-                config_from_wire(a.get("config", {})))),
-            "upsert_start": lambda a, now: descriptors_to_wire(s.upsert_start(
+                config_from_wire(a.get("config", {}))),
+            "upsert_start": lambda a, now: s.upsert_start(
                 str_arg(a, "client_id"), str_arg(a, "key"), int_arg(a, "size"), now,
-                config_from_wire(a.get("config", {})))),
+                config_from_wire(a.get("config", {}))),
             "put_end": lambda a, now: s.put_end(str_arg(a, "client_id"), str_arg(a, "key"), now,
                                                 a.get("checksum") if isinstance(a.get("checksum"), int) else None),
             "put_revoke": lambda a, now: s.put_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "batch_put_start": lambda a, now: batch_to_wire(s.batch_put_start(
                 str_arg(a, "client_id"), str_list_arg(a, "keys"), int_list_arg(a, "sizes"), now,
-                config_from_wire(a.get("config", {}))), descriptors_to_wire),
+                config_from_wire(a.get("config", {})))),
             "batch_upsert_start": lambda a, now: batch_to_wire(s.batch_upsert_start(
                 str_arg(a, "client_id"), str_list_arg(a, "keys"), int_list_arg(a, "sizes"), now,
-                config_from_wire(a.get("config", {}))), descriptors_to_wire),
+                config_from_wire(a.get("config", {})))),
             "batch_put_end": lambda a, now: batch_to_wire(s.batch_put_end(
                 str_arg(a, "client_id"), str_list_arg(a, "keys"), now, _checksums(a))),
             "batch_put_revoke": lambda a, now: batch_to_wire(s.batch_put_revoke(
@@ -116,8 +116,8 @@ class StoreService:
             "add_disk_replica": lambda a, now: s.add_disk_replica(
                 str_arg(a, "client_id"), str_arg(a, "key"), str_arg(a, "segment_id"),
                 int_arg(a, "address"), int_arg(a, "checksum"), now),
-            "promote_start": lambda a, now: descriptors_to_wire([s.promote_start(
-                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "host", ""))])[0],
+            "promote_start": lambda a, now: s.promote_start(
+                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "host", "")),
             "promote_end": lambda a, now: s.promote_end(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "promote_revoke": lambda a, now: s.promote_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "remount": self._remount,

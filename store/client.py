@@ -154,10 +154,10 @@ class StoreClient:
                        upsert: bool = False, **replication: Any) -> list[MooncakeError | None]:
         if not len(keys) == len(addresses) == len(sizes):
             raise InvalidParams("keys, addresses and sizes must have the same length")
-        for address, size in zip(addresses, sizes):
-            self.engine.check_address(address, max(size, 1))  # before the master allocates anything
-        checksums = [checksum_of(self.engine.buffer_at(a, n)) if self.config.checksum and n > 0 else None
-                     for a, n in zip(addresses, sizes)]
+        # AddressNotRegistered before the master allocates anything.
+        views = [self.engine.buffer_at(a, max(n, 1)) for a, n in zip(addresses, sizes)]
+        checksums = [checksum_of(v[:n]) if self.config.checksum and n > 0 else None
+                     for v, n in zip(views, sizes)]
         config = self.replicate_config(**replication)
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
@@ -269,12 +269,15 @@ class StoreClient:
         results: list[MooncakeError | None] = [None] * len(moves)
         requests, index = [], []
         inline = sum(size for _, _, size in moves) <= INLINE_BYTES
+        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
         for n, (address, replica, size) in enumerate(moves):
             if size == 0:
                 continue
             try:
-                request = TransferRequest(opcode, address, self.engine.open_segment(replica.segment_name),
-                                          replica.address, size)
+                handle = handles.get(replica.segment_name)
+                if handle is None:
+                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
+                request = TransferRequest(opcode, address, handle, replica.address, size)
                 if inline and self.engine.transfer_now(request):
                     continue
             except MooncakeError as exc:

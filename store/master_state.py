@@ -62,12 +62,16 @@ class MasterState(Membership, Tiering):
         Best effort like Mooncake: fewer segments than replicas gives fewer replicas; none at all,
         even after evicting everything evictable, raises NoAvailableHandle.
         """
+        return self._put_start(client_id, key, size, now, config, self._placement(client_id, config))
+
+    def _put_start(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
+                   order: list[SegmentState]) -> list[ReplicaDescriptor]:
         self._check_put(key, size, config)
         self._touch(client_id, now)
         existing = self.objects.get(key)
         if existing is not None:
             self._preempt_or_refuse(existing, now)
-        return self._allocate(client_id, key, size, now, config)
+        return self._allocate(client_id, key, size, now, config, order)
 
     def upsert_start(self, client_id: str, key: str, size: int, now: float,
                      config: ReplicateConfig = DEFAULT_CONFIG) -> list[ReplicaDescriptor]:
@@ -78,15 +82,15 @@ class MasterState(Membership, Tiering):
         self._touch(client_id, now)
         existing = self.objects.get(key)
         if existing is None:
-            return self._allocate(client_id, key, size, now, config)
+            return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         if not existing.complete:
             self._preempt_or_refuse(existing, now)
-            return self._allocate(client_id, key, size, now, config)
+            return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         if existing.leased(now):
             raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
         if existing.size != size or not all(r.in_memory for r in existing.replicas):
             self._drop(existing)  # a disk copy would be stale; overwrite in memory only
-            return self._allocate(client_id, key, size, now, config)
+            return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         self.lru.pop(key, None)
         self.offload_pending.pop(key, None)  # its owner's copy, if one comes, is refused as stale
         obj = self._new_object(client_id, key, size, now, config, existing.replicas)
@@ -124,7 +128,10 @@ class MasterState(Membership, Tiering):
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
                         config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
         self._check_batch(keys, sizes)
-        return [_attempt(self.put_start, client_id, k, n, now, config) for k, n in zip(keys, sizes)]
+        # One placement order for the whole batch: its objects fill the same segments in turn
+        # (spilling over when one is full), and the per-key shuffle was most of a batch's cost.
+        order = self._placement(client_id, config)
+        return [_attempt(self._put_start, client_id, k, n, now, config, order) for k, n in zip(keys, sizes)]
 
     def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
                            config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
@@ -286,13 +293,16 @@ class MasterState(Membership, Tiering):
         return ObjectMeta(key, size, client_id, replicas, now, hard_pinned=config.hard_pin,
                           soft_pin_ttl=soft_ttl)
 
-    def _allocate(self, client_id: str, key: str, size: int, now: float,
-                  config: ReplicateConfig) -> list[ReplicaDescriptor]:
+    def _placement(self, client_id: str, config: ReplicateConfig) -> list[SegmentState]:
+        """The order in which a put by ``client_id`` tries the segments (store.placement)."""
         local_host = config.host
-        order = placement_order(
+        return placement_order(
             self.policy.allocation_strategy, list(self.segments.values()), config.preferred_segments,
             lambda s: s.client_id == client_id or bool(local_host and s.spec.host == local_host),
             self._rng)
+
+    def _allocate(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
+                  order: list[SegmentState]) -> list[ReplicaDescriptor]:
         replicas: list[Replica] = []
         while True:
             used = {r.segment_id for r in replicas}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from store.allocator import RangeAllocator
 
@@ -65,9 +66,11 @@ class ReportedObject:
     hard_pinned: bool = False
 
 
-@dataclass(frozen=True)
-class ReplicaDescriptor:
-    """Where one replica lives: enough for the transfer engine to read or write it."""
+class ReplicaDescriptor(NamedTuple):
+    """Where one replica lives: enough for the transfer engine to read or write it.
+
+    A named tuple: a batch answer carries one per object, and a tuple is built, packed (as a
+    msgpack array) and rebuilt several times faster than a dataclass."""
 
     segment_id: str
     segment_name: str

@@ -115,21 +115,24 @@ def reported_from_wire(data: Any) -> ReportedObject:
                           bool_arg(data, "hard_pinned"))
 
 
+_DESCRIPTOR_TYPES = tuple(str if f in ("segment_id", "segment_name", "endpoint", "host", "tier") else int
+                          for f in ReplicaDescriptor._fields)
+
+
 def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
-    data = _map(data, "replica")
-    return ReplicaDescriptor(str_arg(data, "segment_id"), str_arg(data, "segment_name"),
-                             str_arg(data, "endpoint"), str_arg(data, "host"),
-                             int_arg(data, "address"), int_arg(data, "size"),
-                             str_arg(data, "tier", ReplicaTier.MEMORY.value))
-
-
-def descriptors_to_wire(replicas: list[ReplicaDescriptor]) -> list[dict]:
-    return [dict(r.__dict__) for r in replicas]
+    """A descriptor travels as an array of its fields in order: msgpack packs the named tuple
+    so, with no conversion on the master's side."""
+    if not isinstance(data, (list, tuple)) or len(data) != len(_DESCRIPTOR_TYPES):
+        raise InvalidParams(f"replica must be an array of {len(_DESCRIPTOR_TYPES)} fields")
+    for value, kind, name in zip(data, _DESCRIPTOR_TYPES, ReplicaDescriptor._fields):
+        if type(value) is not kind:  # exact: a bool is no address
+            raise InvalidParams(f"replica {name} must be {kind.__name__}, got {type(value).__name__}")
+    return ReplicaDescriptor._make(data)
 
 
 def replica_list_to_wire(replicas: ReplicaList) -> dict:
     return {"key": replicas.key, "size": replicas.size, "lease_ttl": replicas.lease_ttl,
-            "checksum": replicas.checksum, "replicas": descriptors_to_wire(replicas.replicas),
+            "checksum": replicas.checksum, "replicas": replicas.replicas,
             "promote": replicas.promote}
 
 

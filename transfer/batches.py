@@ -18,6 +18,7 @@ from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, 
 from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, TooManyRequests,
                              TransferFailed, TransferTimeout)
+from transfer.memory import RegisteredBuffer
 from transfer.shm_transport import ShmTransport
 from transfer.slicing import cut
 from transfer.transport import Transport
@@ -59,14 +60,14 @@ class BatchMixin:
             tasks = [Task(r, deadline) for r in requests]
             batch.tasks.extend(tasks)
         by_transport: dict[Transport, list[Slice]] = {}
-        for task, (location, peer, transport) in zip(tasks, planned):
-            pieces = self._slices(task, location, peer, transport)
+        for task, (local, peer, _, transport) in zip(tasks, planned):
+            pieces = self._slices(task, local.location, peer, transport)
             task.expect(len(pieces))
             by_transport.setdefault(transport, []).extend(pieces)
         for transport, pieces in by_transport.items():
             transport.submit(pieces)
 
-    def _plan(self, request: TransferRequest) -> tuple[str, SegmentDescriptor, Transport]:
+    def _plan(self, request: TransferRequest) -> tuple[RegisteredBuffer, SegmentDescriptor, BufferDesc, Transport]:
         if not isinstance(request, TransferRequest):
             raise InvalidArgument(f"expected a TransferRequest, got {type(request).__name__}")
         if request.opcode not in (OpCode.READ, OpCode.WRITE):
@@ -76,7 +77,7 @@ class BatchMixin:
         local = self.check_address(request.source, request.length)
         peer = self.segments.get(request.target_id)
         remote = peer.find_buffer(request.target_offset, request.length)
-        return local.location, peer, self._transport_for(peer, remote)
+        return local, peer, remote, self._transport_for(peer, remote)
 
     def _transport_for(self, peer: SegmentDescriptor, buffer: BufferDesc) -> Transport:
         for transport in self.transports:  # ordered fastest first
@@ -146,12 +147,13 @@ class BatchMixin:
         local side is host memory: no batch, no copy thread, no wait (the store's small puts
         and gets). False, with nothing done, when it needs a batch; TransferFailed when the
         peer's memory is gone. Meant for small requests: a batch spreads big ones over threads."""
-        location, peer, transport = self._plan(request)
-        if not isinstance(transport, ShmTransport) or location.startswith("cuda"):
+        local, peer, remote, transport = self._plan(request)
+        if not isinstance(transport, ShmTransport) or local.location.startswith("cuda"):
             return False
+        start = request.source - local.address
         try:
-            transport.copy_now(request.opcode, self.memory.view(request.source, request.length),
-                               peer, request.target_offset)
+            transport.copy_now(request.opcode, local.view[start:start + request.length], peer, remote,
+                               request.target_offset)
         except (OSError, ValueError) as exc:
             self.segments.invalidate(peer.name, peer.incarnation)
             raise TransferFailed(f"cannot map {peer.name}'s memory: {exc}") from None

@@ -38,20 +38,22 @@ class ShmTransport(Transport):
 
     def _copy(self, piece: Slice) -> None:
         try:
-            remote = self._remote(piece.peer, piece.remote_address, piece.length)
+            remote = self._remote(piece.peer, piece.peer.find_buffer(piece.remote_address, piece.length),
+                                  piece.remote_address, piece.length)
         except (OSError, ValueError) as exc:
             self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
             return
         _copy(piece.opcode, piece.local, remote)
         self._sink.done(piece)
 
-    def copy_now(self, opcode: OpCode, local: memoryview, peer: SegmentDescriptor, address: int) -> None:
-        """Copy on the caller's thread: for a small transfer the hand-off to a copy thread and
-        back costs far more than the copy. OSError/ValueError when the peer's region is gone."""
-        _copy(opcode, local, self._remote(peer, address, local.nbytes))
+    def copy_now(self, opcode: OpCode, local: memoryview, peer: SegmentDescriptor, buffer: BufferDesc,
+                 address: int) -> None:
+        """Copy on the caller's thread to or from ``address`` in the peer's ``buffer``: for a
+        small transfer the hand-off to a copy thread and back costs far more than the copy.
+        OSError/ValueError when the peer's region is gone."""
+        _copy(opcode, local, self._remote(peer, buffer, address, local.nbytes))
 
-    def _remote(self, peer: SegmentDescriptor, address: int, length: int) -> memoryview:
-        buffer = peer.find_buffer(address, length)
+    def _remote(self, peer: SegmentDescriptor, buffer: BufferDesc, address: int, length: int) -> memoryview:
         region = self._attach(peer.name, buffer)
         if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
             self._detach(buffer.shm_name)
@@ -91,8 +93,18 @@ class ShmTransport(Transport):
             region.close()
 
 
+# Below this a copy is a memoryview slice assignment: numpy's wrapping costs more than the
+# copy, and a copy this short gains nothing from releasing the GIL.
+SMALL_COPY = 64 * 1024
+
+
 def _copy(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
-    if opcode == OpCode.WRITE:
+    if local.nbytes <= SMALL_COPY:
+        if opcode == OpCode.WRITE:
+            remote[:] = local
+        else:
+            local[:] = remote
+    elif opcode == OpCode.WRITE:
         np.copyto(as_array(remote), as_array(local))
     else:
         np.copyto(as_array(local), as_array(remote))
