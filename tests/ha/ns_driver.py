@@ -2,7 +2,8 @@
 
 Reads one command a line on stdin and answers one JSON line: ``put N`` puts obj-0..N-1,
 ``put_one KEY`` retries one put until it succeeds (seconds), ``check N`` counts the objects the
-master knows and the ones read back with wrong bytes.
+master knows and the ones read back with wrong bytes, ``owned ADDR[,ADDR]`` sums the objects the
+store clients at those addresses hold a record of (0 for one that does not answer).
 """
 
 from __future__ import annotations
@@ -13,9 +14,18 @@ import sys
 from daemons.ha_scenario import payload, put_until_ok
 from store.client import StoreClient
 from transfer.errors import MooncakeError
+from transfer.rpc import RpcClient
 from transfer.settings import resolve
 
 SIZE = 4096
+
+
+def owned(address: str) -> int:
+    try:
+        with RpcClient(address, timeout=1.0) as rpc:
+            return rpc.call("status")["num_objects"]
+    except MooncakeError:
+        return 0
 
 
 def main(spec: str, host: str) -> None:
@@ -29,6 +39,8 @@ def main(spec: str, host: str) -> None:
                 answer = {"ok": True}
             elif op == "put_one":
                 answer = {"seconds": put_until_ok(client, arg, payload(arg, SIZE), 30)}
+            elif op == "owned":
+                answer = {"objects": sum(map(owned, arg.split(",")))}
             else:
                 keys = [f"obj-{i}" for i in range(int(arg))]
                 present = [k for k, there in zip(keys, client.master.batch_exists(keys)) if there]

@@ -18,6 +18,7 @@ import pytest
 
 from daemons.etcd_server import EtcdServer
 from daemons.ha_scenario import Cluster, scenario_settings, wait_until
+from daemons.paths import read_json
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"),
@@ -93,6 +94,14 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         wait_until(lambda: ask(f"check {N}")["present"] == N, 15, "every object back after failover", step=0.3)
         assert ask(f"check {N}")["wrong"] == 0
         print(f"netns failover: SIGKILL -> first good put {took:.2f}s")
+        # B knows every object from the op log before any owner re-registers. Cut C before it has
+        # re-registered and heard of every object in its segment, and B drops the ones it never
+        # heard of for good once C is silent for the TTL: after the partition only what an owner
+        # holds a record of comes back, so wait until the owners together know all N (+ the put).
+        owners = ",".join(read_json(cluster.root / name / "run" / f"{name}.json")["address"]
+                          for name in ("store-client-c", "store-client-d"))
+        wait_until(lambda: ask(f"owned {owners}")["objects"] == N + 1, 15, "the owners hearing of every object",
+                   step=0.3)
 
         ip("link", "set", "pc", "down", ns=hosts["hub"])  # cut C off
         wait_until(lambda: ask(f"check {N}")["present"] < N, 15, "C's objects leaving", step=0.3)
