@@ -27,3 +27,7 @@ class AddressNotReachable(MooncakeError):
 
 class ServiceNotRegistered(MooncakeError):
     code, name = -1004, "SERVICE_NOT_REGISTERED"
+
+
+class WorkdirUnusable(MooncakeError):
+    code, name = -1005, "WORKDIR_UNUSABLE"

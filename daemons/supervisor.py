@@ -27,7 +27,7 @@ import psutil
 import yaml
 
 import topology
-from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStartFailed
+from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStartFailed, WorkdirUnusable
 from daemons.paths import ClusterPaths, read_json, shm_prefix, write_json_atomic
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
@@ -114,9 +114,24 @@ def _remove_shared_memory(cluster_id: str | None) -> list[str]:
     return removed
 
 
+def _prepare_workdir(paths: ClusterPaths) -> None:
+    """Create the workdir's folders, or say plainly why they cannot be (a file in the way, no
+    permission), before anything else touches them."""
+    try:
+        for directory in (paths.run_dir, paths.log_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        probe = paths.run_dir / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise WorkdirUnusable(f"cannot use {paths.workdir} as the cluster's workdir: "
+                              f"{exc.strerror or exc} ({exc.filename or paths.workdir})") from None
+
+
 def up(config: Config) -> dict[str, Any]:
     """Start the cluster in ``config.workdir``; returns what cluster.json records."""
     paths = ClusterPaths.of(config.workdir)
+    _prepare_workdir(paths)
     live = live_daemons(paths)
     if live:
         raise ClusterAlreadyRunning(
@@ -125,8 +140,6 @@ def up(config: Config) -> dict[str, Any]:
     stale = read_json(paths.cluster_file) or {}
     _remove_shared_memory(stale.get("cluster_id"))
     _clear_records(paths)
-    for directory in (paths.run_dir, paths.log_dir):
-        directory.mkdir(parents=True, exist_ok=True)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     # Discovered once here (or loaded from --topology and checked), read by every daemon that
     # owns a transfer engine, so they all pick paths from the same matrix.

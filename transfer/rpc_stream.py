@@ -48,8 +48,15 @@ class ConnectionLost(RpcError):
     """The peer closed the stream or it broke; calls waiting on it end with this."""
 
 
+_ONE_FRAME = struct.Struct("<IHI")
+
+
 def encode(frames: Sequence[Buffer]) -> list[Buffer]:
     """The wire form of one message, as buffers for ``sendmsg``."""
+    if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) <= CHUNK:
+        # Nearly every control message: one msgpack header and no bulk.
+        size = len(frames[0])
+        return [_ONE_FRAME.pack(6 + size, 1, size) + frames[0]]
     if len(frames) > MAX_FRAMES:
         raise MalformedMessage(f"a message carries at most {MAX_FRAMES} frames")
     views = [f if isinstance(f, bytes) else memoryview(f).cast("B") for f in frames]
@@ -64,6 +71,11 @@ def _split(body: memoryview) -> list[memoryview]:
     if len(body) < _COUNT.size:
         raise MalformedMessage("message body lacks its frame count")
     (count,) = _COUNT.unpack_from(body)
+    if count == 1 and len(body) >= 6:
+        (length,) = _LENGTH.unpack_from(body, _COUNT.size)
+        if 6 + length != len(body):
+            raise MalformedMessage("message frame lengths do not add up to its body length")
+        return [body[6:]]
     offset = _COUNT.size + 4 * count
     if offset > len(body):
         raise MalformedMessage(f"message claims {count} frames but is too short for their lengths")
@@ -148,6 +160,9 @@ class MessageReader:
 def _send_some(sock: socket.socket, buffers: list[Buffer]) -> list[Buffer]:
     """Send what the socket takes now; returns what is left (empty when all went)."""
     try:
+        if len(buffers) == 1 and type(buffers[0]) is bytes:
+            sent = sock.send(buffers[0])
+            return [] if sent == len(buffers[0]) else [memoryview(buffers[0])[sent:]]
         sent = sock.sendmsg(buffers)
     except BlockingIOError:
         return buffers

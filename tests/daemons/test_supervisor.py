@@ -102,3 +102,13 @@ def test_down_without_cluster_is_not_an_error(mooncake):
     result = mooncake("down")
     assert result.returncode == 0
     assert b"no cluster" in result.stderr
+
+
+def test_up_in_a_workdir_that_cannot_be_made_fails_with_a_clear_message(mooncake, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the workdir's parent should be")
+    result = mooncake("up", "--workdir", str(blocker / "cluster"))
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "cannot use" in err and "WORKDIR_UNUSABLE" in err and "Traceback" not in err
+    assert blocker.read_text().startswith("a file")
