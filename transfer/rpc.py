@@ -364,9 +364,8 @@ def _parse_header(header_bytes: bytes) -> dict:
         raise MalformedMessage(f"header is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise MalformedMessage("header must be a msgpack map")
-    missing = [k for k in ("id", "op") if k not in header]
-    if missing:
-        raise MalformedMessage("header lacks " + ", ".join(missing))
+    if "id" not in header or "op" not in header:
+        raise MalformedMessage("header lacks " + ", ".join(k for k in ("id", "op") if k not in header))
     if not isinstance(header["id"], int) or not isinstance(header["op"], str):
         raise MalformedMessage("header 'id' must be an integer and 'op' a string")
     header.setdefault("args", {})
