@@ -11,6 +11,7 @@ Every daemon answers ``health`` (cheap liveness), ``status`` (role, pid, uptime,
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -45,6 +46,7 @@ class Daemon:
             f"tcp://{config.bind_host}:{port or '*'}",
             max_message_size=config.rpc_max_message_size,
             handler_threads=config.rpc_handler_threads,
+            busy_poll=config.rpc_busy_poll,
         )
         self.ipc_address = self._bind_ipc()
 
@@ -86,6 +88,9 @@ class Daemon:
         self.server.register("echo", lambda request: Reply(request.args, request.frames))
         try:
             self.setup()
+            # What setup built (modules, a model's weights) lives as long as the process: keep
+            # the cycle collector from rescanning it on every full pass.
+            gc.freeze()
             self.server.start()
             write_json_atomic(self.paths.announce_file(self.name), {
                 "name": self.name, "role": self.role, "pid": os.getpid(),

@@ -53,7 +53,8 @@ class StoreClient:
                  client_id: str | None = None) -> None:
         self.config = config or resolve()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
-        self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout)
+        self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
+                                   self.config.rpc_busy_poll)
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None
@@ -267,8 +268,7 @@ class StoreClient:
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
         results: list[MooncakeError | None] = [None] * len(moves)
-        requests, index = [], []
-        inline = sum(size for _, _, size in moves) <= INLINE_BYTES
+        planned, index = [], []
         handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
         for n, (address, replica, size) in enumerate(moves):
             if size == 0:
@@ -277,14 +277,19 @@ class StoreClient:
                 handle = handles.get(replica.segment_name)
                 if handle is None:
                     handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
-                request = TransferRequest(opcode, address, handle, replica.address, size)
-                if inline and self.engine.transfer_now(request):
-                    continue
             except MooncakeError as exc:
                 results[n] = exc
                 continue
-            requests.append(request)
+            planned.append(TransferRequest(opcode, address, handle, replica.address, size))
             index.append(n)
+        if sum(r.length for r in planned) <= INLINE_BYTES:
+            outcomes = self.engine.transfer_now_many(planned)
+            for n, outcome in zip(index, outcomes):
+                if isinstance(outcome, MooncakeError):
+                    results[n] = outcome
+            batched = [(n, r) for n, r, outcome in zip(index, planned, outcomes) if outcome is False]
+            index, planned = [n for n, _ in batched], [r for _, r in batched]
+        requests = planned
         if not requests:
             return results
         batch = self.engine.allocate_batch_id(len(requests))

@@ -16,9 +16,10 @@ from transfer.leader import master_rpc
 
 
 class MasterClient:
-    def __init__(self, address: str, client_id: str, timeout: float = 5.0) -> None:
+    def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0) -> None:
         self.address, self.client_id = address, client_id
-        self.rpc = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
+        # etcd://... follows the elected master
+        self.rpc = master_rpc(address, timeout=timeout, busy_poll=busy_poll)
 
     def close(self) -> None:
         self.rpc.close()

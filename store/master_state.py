@@ -62,12 +62,15 @@ class MasterState(Membership, Tiering):
         Best effort like Mooncake: fewer segments than replicas gives fewer replicas; none at all,
         even after evicting everything evictable, raises NoAvailableHandle.
         """
+        self._check_config(config)
+        self._touch(client_id, now)
         return self._put_start(client_id, key, size, now, config, self._placement(client_id, config))
 
     def _put_start(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
                    order: list[SegmentState]) -> list[ReplicaDescriptor]:
-        self._check_put(key, size, config)
-        self._touch(client_id, now)
+        """put_start of one key, once its config was checked and its client touched."""
+        self._check_key(key)
+        self._check_size(size)
         existing = self.objects.get(key)
         if existing is not None:
             self._preempt_or_refuse(existing, now)
@@ -104,7 +107,11 @@ class MasterState(Membership, Tiering):
     def put_end(self, client_id: str, key: str, now: float, checksum: int | None = None) -> None:
         """Mark every replica COMPLETE: from now on readers see the object. Idempotent for the
         writer, so a retried PutEnd after a lost reply succeeds."""
-        obj = self._owned(client_id, key, now)
+        self._touch(client_id, now)
+        self._put_end(client_id, key, now, checksum)
+
+    def _put_end(self, client_id: str, key: str, now: float, checksum: int | None) -> None:
+        obj = self._owned(client_id, key)
         if obj.complete:
             return
         for replica in obj.replicas:
@@ -119,7 +126,8 @@ class MasterState(Membership, Tiering):
         self.stats.num_put_ends += 1
 
     def put_revoke(self, client_id: str, key: str, now: float) -> None:
-        obj = self._owned(client_id, key, now)
+        self._touch(client_id, now)
+        obj = self._owned(client_id, key)
         if obj.complete:
             raise InvalidParams(f"{key!r} is complete; remove it instead of revoking")
         self._drop(obj)
@@ -128,6 +136,11 @@ class MasterState(Membership, Tiering):
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
                         config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
         self._check_batch(keys, sizes)
+        try:  # what holds for every key is checked once
+            self._check_config(config)
+            self._touch(client_id, now)
+        except MooncakeError as exc:
+            return [exc] * len(keys)
         # One placement order for the whole batch: its objects fill the same segments in turn
         # (spilling over when one is full), and the per-key shuffle was most of a batch's cost.
         order = self._placement(client_id, config)
@@ -142,7 +155,11 @@ class MasterState(Membership, Tiering):
                       checksums: list[int | None] | None = None) -> list[None | MooncakeError]:
         checksums = [None] * len(keys) if checksums is None else checksums
         self._check_batch(keys, checksums)
-        return [_attempt(self.put_end, client_id, k, now, c) for k, c in zip(keys, checksums)]
+        try:
+            self._touch(client_id, now)
+        except MooncakeError as exc:
+            return [exc] * len(keys)
+        return [_attempt(self._put_end, client_id, k, now, c) for k, c in zip(keys, checksums)]
 
     def batch_put_revoke(self, client_id: str, keys: list[str], now: float) -> list[None | MooncakeError]:
         return [_attempt(self.put_revoke, client_id, k, now) for k in keys]
@@ -256,6 +273,10 @@ class MasterState(Membership, Tiering):
     def _check_put(self, key: str, size: int, config: ReplicateConfig) -> None:
         self._check_key(key)
         self._check_size(size)
+        self._check_config(config)
+
+    @staticmethod
+    def _check_config(config: ReplicateConfig) -> None:
         n = config.replica_num
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidParams(f"replica_num must be >= 1, got {n!r}")
@@ -267,8 +288,7 @@ class MasterState(Membership, Tiering):
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
 
-    def _owned(self, client_id: str, key: str, now: float) -> ObjectMeta:
-        self._touch(client_id, now)
+    def _owned(self, client_id: str, key: str) -> ObjectMeta:
         obj = self.objects.get(key)
         if obj is None:
             raise ObjectNotFound(f"no object {key!r} (revoked, preempted or never started)")

@@ -16,10 +16,12 @@ Pure: the master state machine calls :meth:`completed` and :meth:`gone`; no cloc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class SegmentChange:
+class SegmentChange(NamedTuple):
+    """A named tuple: one is made per replica of every PutEnd, where a dataclass cost more."""
+
     seq: int
     # "complete" | "gone" (a memory replica) | "disk_gone" (the file may go) | "offload" (copy
     # this evicted object to disk now: the master frees its memory once the copy is reported)
@@ -31,7 +33,7 @@ class SegmentChange:
     hard_pinned: bool = False
 
     def as_wire(self) -> dict:
-        return dict(self.__dict__)
+        return self._asdict()
 
 
 @dataclass

@@ -13,10 +13,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from dataclasses import dataclass, field
 
 from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, TransferStatus
 from transfer.descriptor import BufferDesc, SegmentDescriptor
-from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, TooManyRequests,
+from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, MooncakeError, TooManyRequests,
                              TransferFailed, TransferTimeout)
 from transfer.memory import RegisteredBuffer
 from transfer.shm_transport import ShmTransport
@@ -24,6 +25,14 @@ from transfer.slicing import cut
 from transfer.transport import Transport
 
 _SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
+
+
+@dataclass
+class _Seen:
+    """What planning one batch already looked up: its last local buffer, its peers by handle."""
+
+    local: RegisteredBuffer | None = None
+    peers: dict[int, SegmentDescriptor] = field(default_factory=dict)
 
 
 class BatchMixin:
@@ -50,7 +59,8 @@ class BatchMixin:
             del self._batches[batch_id]
 
     def submit_transfer(self, batch_id: int, requests: list[TransferRequest]) -> None:
-        planned = [self._plan(r) for r in requests]  # raises before anything is queued
+        seen = _Seen()
+        planned = [self._plan(r, seen) for r in requests]  # raises before anything is queued
         deadline = time.monotonic() + self.options.transfer_timeout
         with self._batch_lock:
             batch = self._batch(batch_id)
@@ -67,15 +77,23 @@ class BatchMixin:
         for transport, pieces in by_transport.items():
             transport.submit(pieces)
 
-    def _plan(self, request: TransferRequest) -> tuple[RegisteredBuffer, SegmentDescriptor, BufferDesc, Transport]:
+    def _plan(self, request: TransferRequest, seen: _Seen | None = None,
+              ) -> tuple[RegisteredBuffer, SegmentDescriptor, BufferDesc, Transport]:
+        """Check a request and find both its ends and its transport. ``seen`` carries what one
+        call already looked up, for the many requests of a batch that share their buffers."""
         if not isinstance(request, TransferRequest):
             raise InvalidArgument(f"expected a TransferRequest, got {type(request).__name__}")
         if request.opcode not in (OpCode.READ, OpCode.WRITE):
             raise InvalidArgument(f"unknown opcode {request.opcode!r}")
         if not isinstance(request.length, int) or request.length <= 0:
             raise InvalidArgument(f"length must be a positive integer, not {request.length!r}")
-        local = self.check_address(request.source, request.length)
-        peer = self.segments.get(request.target_id)
+        seen = seen or _Seen()
+        local = seen.local
+        if local is None or not local.address <= request.source <= local.end - request.length:
+            local = seen.local = self.check_address(request.source, request.length)
+        peer = seen.peers.get(request.target_id)
+        if peer is None:
+            peer = seen.peers[request.target_id] = self.segments.get(request.target_id)
         remote = peer.find_buffer(request.target_offset, request.length)
         return local, peer, remote, self._transport_for(peer, remote)
 
@@ -147,17 +165,41 @@ class BatchMixin:
         local side is host memory: no batch, no copy thread, no wait (the store's small puts
         and gets). False, with nothing done, when it needs a batch; TransferFailed when the
         peer's memory is gone. Meant for small requests: a batch spreads big ones over threads."""
-        local, peer, remote, transport = self._plan(request)
-        if not isinstance(transport, ShmTransport) or local.location.startswith("cuda"):
-            return False
-        start = request.source - local.address
-        try:
-            transport.copy_now(request.opcode, local.view[start:start + request.length], peer, remote,
-                               request.target_offset)
-        except (OSError, ValueError) as exc:
-            self.segments.invalidate(peer.name, peer.incarnation)
-            raise TransferFailed(f"cannot map {peer.name}'s memory: {exc}") from None
-        return True
+        outcome = self.transfer_now_many([request])[0]
+        if isinstance(outcome, MooncakeError):
+            raise outcome
+        return outcome
+
+    def transfer_now_many(self, requests: list[TransferRequest]) -> list[bool | MooncakeError]:
+        """:meth:`transfer_now` for each request, reporting instead of raising: True (moved),
+        False (needs a batch) or the error. A peer's shared-memory region is mapped and checked
+        alive once per call rather than once per request: a batch of small objects mostly
+        lands in one or two regions."""
+        outcomes: list[bool | MooncakeError] = []
+        views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
+        seen = _Seen()
+        for request in requests:
+            try:
+                local, peer, remote, transport = self._plan(request, seen)
+            except MooncakeError as exc:
+                outcomes.append(exc)
+                continue
+            if not isinstance(transport, ShmTransport) or local.location.startswith("cuda"):
+                outcomes.append(False)
+                continue
+            try:
+                view = views.get(remote.shm_name)
+                if view is None:
+                    view = views[remote.shm_name] = transport.region_view(peer, remote)
+                start, offset = request.source - local.address, request.target_offset - remote.address
+                transport.copy_between(request.opcode, local.view[start:start + request.length],
+                                       view[offset:offset + request.length])
+            except (OSError, ValueError) as exc:
+                self.segments.invalidate(peer.name, peer.incarnation)
+                outcomes.append(TransferFailed(f"cannot map {peer.name}'s memory: {exc}"))
+                continue
+            outcomes.append(True)
+        return outcomes
 
     def write(self, segment: int | str, source: int, target_offset: int, length: int) -> int:
         """Blocking WRITE of local [source, +length) to the segment's address target_offset."""

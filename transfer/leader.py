@@ -82,12 +82,12 @@ def view_of(spec: str, timeout: float) -> MasterView:
 class LeaderClient:
     """An :class:`RpcClient` that follows the elected master (same call interface)."""
 
-    def __init__(self, spec: str, timeout: float = 5.0) -> None:
+    def __init__(self, spec: str, timeout: float = 5.0, busy_poll: float = 0.0) -> None:
         self.view = view_of(spec, timeout=min(timeout, 2.0))
-        self.timeout = timeout
+        self.timeout, self.busy_poll = timeout, busy_poll
         self._lock = threading.Lock()
         self.address = self.view.wait_leader(timeout)
-        self._rpc = RpcClient(self.address, timeout=timeout)
+        self._rpc = RpcClient(self.address, timeout=timeout, busy_poll=busy_poll)
         self.num_follows = 0
         # Clients we moved away from stay open until close(): other threads may still be
         # waiting on them, and closing a socket under a waiter is not a clean error.
@@ -119,7 +119,8 @@ class LeaderClient:
                 return True  # another thread already moved
             if address is None or address == failed.address:
                 return False
-            self._rpc, self.address = RpcClient(address, timeout=self.timeout), address
+            self._rpc = RpcClient(address, timeout=self.timeout, busy_poll=self.busy_poll)
+            self.address = address
             self._retired.append(failed)
             self.num_follows += 1
         return True
@@ -135,7 +136,7 @@ class LeaderClient:
         self.close()
 
 
-def master_rpc(spec: str, timeout: float = 5.0) -> RpcClient | LeaderClient:
+def master_rpc(spec: str, timeout: float = 5.0, busy_poll: float = 0.0) -> RpcClient | LeaderClient:
     if spec.startswith(ETCD_SCHEME):
-        return LeaderClient(spec, timeout)
-    return RpcClient(tcp_address(spec), timeout=timeout)
+        return LeaderClient(spec, timeout, busy_poll)
+    return RpcClient(tcp_address(spec), timeout=timeout, busy_poll=busy_poll)

@@ -102,9 +102,11 @@ class RpcServer:
         *,
         max_message_size: int = 64 * 2**20,
         handler_threads: int = 8,
+        busy_poll: float = 0.0,
         context: zmq.Context | None = None,
     ) -> None:
         self._context = context or zmq.Context.instance()
+        self._busy_poll = busy_poll
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         # A peer that disconnects while we reply must not make send() raise or block.
@@ -170,16 +172,23 @@ class RpcServer:
     def _loop(self) -> None:
         sock, wake = self._socket, self._wake_read
         items: list = []
+        spin_until = 0.0
         while not self._stopping.is_set():
             if self._poll_items_stale:
                 # zmq_poll on a list rebuilt only when connections come and go: Poller.poll and
                 # dict() of its result cost a few µs of Python per wake-up, a visible share of a
                 # round trip.
                 items = self._poll_items()
+            # Right after a request, poll without sleeping for a while: a client's next request
+            # (a put's PutEnd after its PutStart) usually comes within it, and a thread woken
+            # from sleep on an idle host takes tens of µs to run again.
+            ready = zmq.zmq_poll(items, 0 if time.perf_counter() < spin_until else 500)
+            if ready and self._busy_poll:
+                spin_until = time.perf_counter() + self._busy_poll
             # One ZeroMQ message per poll: a poll that finds something ready returns at once and
             # costs no more than the EVENTS check a drain loop would make, and a finished
             # blocking reply never waits behind a burst of requests.
-            for item, events in zmq.zmq_poll(items, 500):
+            for item, events in ready:
                 if item is sock:
                     message = _recv_message(sock, True)
                     self._answer(message[0], message[1:2], [f.buffer for f in message[2:]])
@@ -432,11 +441,13 @@ class RpcClient:
         *,
         timeout: float = 5.0,
         max_message_size: int | None = None,
+        busy_poll: float = 0.0,
         context: zmq.Context | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
         self.max_message_size = max_message_size
+        self.busy_poll = busy_poll
         self._context = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -502,6 +513,9 @@ class RpcClient:
         return PendingCall(self, request_id, op, deadline)
 
     def _wait(self, call: PendingCall) -> Reply:
+        # Poll without sleeping for busy_poll first: a control-plane reply usually comes within
+        # it, and waking from sleep on an idle host costs more than the reply takes.
+        spin_until = time.perf_counter() + self.busy_poll
         while True:
             with self._lock:
                 outcome = self._take(call.id)
@@ -513,7 +527,8 @@ class RpcClient:
                         raise RpcTimeout(f"{call.op}: no reply from {self.address} within the deadline")
                     # Poll in short slices so other threads sharing this client get the socket
                     # too; what a poll brings in is looked at before the lock is let go.
-                    if self._channel.wait_readable(max(1, int(min(remaining, 0.02) * 1000))):
+                    slice_ms = 0 if time.perf_counter() < spin_until else max(1, int(min(remaining, 0.02) * 1000))
+                    if self._channel.wait_readable(slice_ms):
                         self._receive_ready()
                         outcome = self._take(call.id)
             if outcome is not None:

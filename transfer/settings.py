@@ -63,7 +63,8 @@ def parse_duration(text: str | int | float) -> float:
     unit = match.group(2).lower() if match else None
     if not match or (unit and unit not in _DURATION_UNITS):
         raise ValueError(text)
-    return float(match.group(1)) * (_DURATION_UNITS[unit] if unit else 1.0)
+    # Rounded to the nanosecond: 200 * 1e-6 is 0.00019999999999999998 in binary floating point.
+    return round(float(match.group(1)) * (_DURATION_UNITS[unit] if unit else 1.0), 9)
 
 
 def format_size(num_bytes: int) -> str:
@@ -74,7 +75,7 @@ def format_size(num_bytes: int) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    for unit, scale in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+    for unit, scale in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale and round(seconds / scale, 6).is_integer():
             return f"{int(round(seconds / scale))}{unit}"
     return f"{seconds}s"
@@ -199,6 +200,10 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=1024),
     _s("rpc", "rpc_handler_threads", "int", 8,
        "Threads a daemon uses for requests that may block.", minimum=1),
+    _s("rpc", "rpc_busy_poll", "duration", 200e-6,
+       "How long a daemon that just answered, or a store client awaiting the master's reply, "
+       "polls without sleeping before it blocks: waking from sleep costs tens of µs per round "
+       "trip on an idle host; 0 never spins."),
     # topology
     _s("topology", "topology", "path", "",
        "Topology matrix file to load instead of discovering the local one."),

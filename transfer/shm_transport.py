@@ -46,20 +46,23 @@ class ShmTransport(Transport):
         _copy(piece.opcode, piece.local, remote)
         self._sink.done(piece)
 
-    def copy_now(self, opcode: OpCode, local: memoryview, peer: SegmentDescriptor, buffer: BufferDesc,
-                 address: int) -> None:
-        """Copy on the caller's thread to or from ``address`` in the peer's ``buffer``: for a
-        small transfer the hand-off to a copy thread and back costs far more than the copy.
-        OSError/ValueError when the peer's region is gone."""
-        _copy(opcode, local, self._remote(peer, buffer, address, local.nbytes))
-
-    def _remote(self, peer: SegmentDescriptor, buffer: BufferDesc, address: int, length: int) -> memoryview:
+    def region_view(self, peer: SegmentDescriptor, buffer: BufferDesc) -> memoryview:
+        """The peer's ``buffer`` mapped here, for copies on the caller's thread (for a small
+        transfer the hand-off to a copy thread and back costs far more than the copy).
+        FileNotFoundError when its owner removed it; OSError/ValueError when it cannot be mapped."""
         region = self._attach(peer.name, buffer)
         if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
             self._detach(buffer.shm_name)
             raise FileNotFoundError(f"region {buffer.shm_name} was removed by its owner")
+        return region.view
+
+    @staticmethod
+    def copy_between(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
+        _copy(opcode, local, remote)
+
+    def _remote(self, peer: SegmentDescriptor, buffer: BufferDesc, address: int, length: int) -> memoryview:
         start = address - buffer.address
-        return region.view[start:start + length]
+        return self.region_view(peer, buffer)[start:start + length]
 
     def _attach(self, peer: str, buffer: BufferDesc) -> SharedRegion:
         name = buffer.shm_name
