@@ -135,3 +135,40 @@ def test_metadata_served_by_a_master_table(make_engine):
                     initiator.segment_descriptor(target.name).buffers[0].address, 256)
     assert np.array_equal(remote[:256], local)
     assert table.get(target.name).version == target.version
+
+
+def test_transfer_now_many_moves_each_request_between_the_right_buffers(make_engine):
+    """Requests alternating between two local buffers and two segments land where they should:
+    the lookups one call shares must never hand a request another's buffer."""
+    targets = [make_engine(protocol="shm") for _ in range(2)]
+    initiator = make_engine(protocol="shm")
+    remotes = [t.allocate_shared_buffer(1 * MiB) for t in targets]
+    handles = [initiator.open_segment(t.name) for t in targets]
+    bases = [initiator.segment_descriptor(h).buffers[0].address for h in handles]
+    locals_ = [np.random.default_rng(n).integers(0, 256, 64 * 1024, dtype=np.uint8) for n in range(2)]
+    sources = [initiator.register_local_memory(a) for a in locals_]
+    requests, expected = [], []
+    for i in range(16):
+        side, target = i % 2, (i // 2) % 2
+        requests.append(TransferRequest(OpCode.WRITE, sources[side] + i * 1024, handles[target],
+                                        bases[target] + i * 4096, 1024))
+        expected.append((target, i * 4096, locals_[side][i * 1024:(i + 1) * 1024]))
+    unregistered = TransferRequest(OpCode.WRITE, 8, handles[0], bases[0], 1024)
+    outcomes = initiator.transfer_now_many(requests[:8] + [unregistered] + requests[8:])
+    assert outcomes[:8] + outcomes[9:] == [True] * 16
+    assert isinstance(outcomes[8], AddressNotRegistered)
+    for target, offset, data in expected:
+        assert np.array_equal(remotes[target][offset:offset + 1024], data)
+    back = np.zeros(1024, np.uint8)
+    into = initiator.register_local_memory(back)
+    assert initiator.transfer_now_many([TransferRequest(OpCode.READ, into, handles[1], bases[1] + 2 * 4096, 1024)]) == [True]
+    assert np.array_equal(back, expected[2][2])
+
+
+def test_transfer_now_many_leaves_tcp_peers_to_a_batch(make_engine):
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    local = np.ones(4096, np.uint8)
+    source = initiator.register_local_memory(local)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    assert initiator.transfer_now_many([TransferRequest(OpCode.WRITE, source, handle, base, 4096)]) == [False]
+    assert not remote[:4096].any(), "a request reported as not moved must move nothing"

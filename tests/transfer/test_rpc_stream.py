@@ -204,3 +204,24 @@ def test_a_call_made_before_the_server_listens_goes_through_once_it_does(tmp_pat
         finally:
             server.kill()
     assert outcome == [{"early": True}]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_busy_polling_keeps_deadlines_and_still_takes_late_replies(tmp_path, transport):
+    server = RpcServer("tcp://127.0.0.1:*", busy_poll=0.05)
+    stream = server.bind(f"unix://{tmp_path / 'spin.sock'}")
+    server.register("echo", lambda r: Reply(r.args))
+    server.register("sleep", lambda r: time.sleep(r.args["seconds"]) or "slept", blocking=True)
+    server.start()
+    try:
+        address = server.address if transport == "tcp" else stream
+        with RpcClient(address, timeout=5, busy_poll=1.0) as client:
+            assert [client.call("echo", {"i": i}) for i in range(50)] == [{"i": i} for i in range(50)]
+            started = time.monotonic()
+            with pytest.raises(RpcTimeout):
+                client.call("sleep", {"seconds": 0.5}, timeout=0.1)  # the deadline ends the spin
+            assert time.monotonic() - started < 0.4
+        with RpcClient(address, timeout=5, busy_poll=0.01) as client:
+            assert client.call("sleep", {"seconds": 0.2}) == "slept"  # a reply after the spin
+    finally:
+        server.stop(drain_timeout=1)
