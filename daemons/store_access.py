@@ -17,7 +17,7 @@ def master_of(config: Config) -> tuple[str, str]:
     """The master to talk to and the cluster id that names our shared memory.
 
     ``--master`` (an address on another host, or etcd://... to follow the elected leader) wins;
-    otherwise the cluster in ``config.workdir``, reached over its ipc:// endpoint when it has one
+    otherwise the cluster in ``config.workdir``, reached over its unix:// endpoint when it has one
     here, since every put and get waits on that round trip."""
     if config.master:
         return config.master, config.cluster_id
