@@ -179,12 +179,11 @@ class RpcServer:
                 # dict() of its result cost a few µs of Python per wake-up, a visible share of a
                 # round trip.
                 items = self._poll_items()
-            # Right after a request, poll without sleeping for a while: a client's next request
-            # (a put's PutEnd after its PutStart) usually comes within it, and a thread woken
-            # from sleep on an idle host takes tens of µs to run again.
+            # Right after a stream request, poll without sleeping for a while: a client's next
+            # request (a put's PutEnd after its PutStart) usually comes within it, and a thread
+            # woken from sleep on an idle host takes tens of µs to run again. Not after ZeroMQ
+            # traffic: its I/O threads need the CPU a spinning thread would hold.
             ready = zmq.zmq_poll(items, 0 if time.perf_counter() < spin_until else 500)
-            if ready and self._busy_poll:
-                spin_until = time.perf_counter() + self._busy_poll
             # One ZeroMQ message per poll: a poll that finds something ready returns at once and
             # costs no more than the EVENTS check a drain loop would make, and a finished
             # blocking reply never waits behind a burst of requests.
@@ -196,6 +195,8 @@ class RpcServer:
                     self._send_finished_replies()
                 else:
                     self._stream_ready(item, events)
+                    if self._busy_poll:
+                        spin_until = time.perf_counter() + self._busy_poll
         self._send_finished_replies()
 
     def _poll_items(self) -> list:
@@ -433,7 +434,8 @@ class RpcClient:
 
     ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc_stream`), any other address
     ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
-    (an RpcError) and the next call connects again."""
+    (an RpcError) and the next call connects again. ``busy_poll``: on a stream, how long a call
+    polls for its reply without sleeping before it blocks."""
 
     def __init__(
         self,
@@ -455,6 +457,8 @@ class RpcClient:
         self._arrived: dict[int, Reply | MooncakeError] = {}
         self._closed = False
         self._channel = self._connect()
+        # Only a stream client spins: ZeroMQ's own I/O threads need the CPU to bring the reply.
+        self._spin = busy_poll if isinstance(self._channel, rpc_stream.ClientChannel) else 0.0
 
     def _connect(self) -> _ZmqChannel | rpc_stream.ClientChannel:
         if rpc_stream.is_stream_address(self.address):
@@ -515,7 +519,7 @@ class RpcClient:
     def _wait(self, call: PendingCall) -> Reply:
         # Poll without sleeping for busy_poll first: a control-plane reply usually comes within
         # it, and waking from sleep on an idle host costs more than the reply takes.
-        spin_until = time.perf_counter() + self.busy_poll
+        spin_until = time.perf_counter() + self._spin
         while True:
             with self._lock:
                 outcome = self._take(call.id)

@@ -9,6 +9,7 @@ address, then the Unix socket's path.
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import zmq
 
@@ -64,9 +66,20 @@ def rpc_throughput(client: RpcClient, count: int, outstanding: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def raw_latency(address: str, count: int) -> LatencyResult:
+def _wait_readable(poll: Callable[[int], Any], spin: float, timeout_ms: int) -> bool:
+    """Poll without sleeping for ``spin`` seconds, then block up to ``timeout_ms`` (-1: no
+    limit): the Unix-socket floor busy-polls as daemons and store clients do on unix://
+    (rpc_busy_poll), or it would measure the host's wake-up latency instead of the transport."""
+    end = time.perf_counter() + spin
+    while time.perf_counter() < end:
+        if poll(0):
+            return True
+    return bool(poll(timeout_ms))
+
+
+def raw_latency(address: str, count: int, spin: float = 0.0) -> LatencyResult:
     """Round trips of a 4-byte ping to a raw echo server: ZeroMQ at tcp://, a bare socket at a path."""
-    ping = _unix_ping(address) if not address.startswith("tcp://") else _zmq_ping(address)
+    ping = _unix_ping(address, spin) if not address.startswith("tcp://") else _zmq_ping(address)
     try:
         samples = []
         for _ in range(count):
@@ -94,15 +107,16 @@ def _zmq_ping(address: str):
         sock.close()
 
 
-def _unix_ping(path: str):
+def _unix_ping(path: str, spin: float):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
     sock.connect(path)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
     try:
         while True:
             sock.sendall(b"ping")
-            if not sock.recv(4):
-                raise TimeoutError("raw echo server closed the connection")
+            if not _wait_readable(poller.poll, spin, 5000) or not sock.recv(4):
+                raise TimeoutError("raw echo server did not answer")
             yield
     finally:
         sock.close()
@@ -115,12 +129,13 @@ class RawEchoServer:
     ``socket_dir``, as a daemon listens, so each transport has its own floor.
     """
 
-    def __init__(self, socket_dir: str) -> None:
-        self.socket_dir = socket_dir
+    def __init__(self, socket_dir: str, spin: float = 0.0) -> None:
+        self.socket_dir, self.spin = socket_dir, spin
 
     def __enter__(self) -> "RawEchoServer":
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "transfer.rpc_bench", str(Path(self.socket_dir) / "raw-echo.sock")],
+            [sys.executable, "-m", "transfer.rpc_bench", str(Path(self.socket_dir) / "raw-echo.sock"),
+             str(self.spin)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self.address = self.process.stdout.readline().strip()
         self.unix_path = self.process.stdout.readline().strip()
@@ -134,24 +149,26 @@ class RawEchoServer:
         self.process.wait()
 
 
-def _serve_raw_echo(unix_path: str) -> None:
+def _serve_raw_echo(unix_path: str, spin: float) -> None:
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind("tcp://127.0.0.1:*")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(unix_path)
     listener.listen()
-    threading.Thread(target=_echo_unix, args=(listener,), daemon=True).start()
+    threading.Thread(target=_echo_unix, args=(listener, spin), daemon=True).start()
     print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     print(unix_path, flush=True)
     while True:  # until killed; the socket file goes with the caller's temporary directory
         sock.send_multipart(sock.recv_multipart())
 
 
-def _echo_unix(listener: socket.socket) -> None:
+def _echo_unix(listener: socket.socket, spin: float) -> None:
     conn, _ = listener.accept()
-    while data := conn.recv(65536):
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    while _wait_readable(poller.poll, spin, -1) and (data := conn.recv(65536)):
         conn.sendall(data)
 
 
 if __name__ == "__main__":
-    _serve_raw_echo(sys.argv[1])
+    _serve_raw_echo(sys.argv[1], float(sys.argv[2]))

@@ -201,9 +201,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("rpc", "rpc_handler_threads", "int", 8,
        "Threads a daemon uses for requests that may block.", minimum=1),
     _s("rpc", "rpc_busy_poll", "duration", 200e-6,
-       "How long a daemon that just answered, or a store client awaiting the master's reply, "
-       "polls without sleeping before it blocks: waking from sleep costs tens of µs per round "
-       "trip on an idle host; 0 never spins."),
+       "On a same-host unix:// control socket, how long a daemon that just answered, or a store "
+       "client awaiting the master's reply, polls without sleeping before it blocks: waking "
+       "from sleep costs tens of µs per round trip on an idle host; 0 never spins."),
     # topology
     _s("topology", "topology", "path", "",
        "Topology matrix file to load instead of discovering the local one."),

@@ -32,7 +32,9 @@ def rpc(
     Reports latency p50/p99 with one request outstanding and ops/s with 1, 8 and 64
     outstanding, over the master's TCP address (ZeroMQ) and over its unix:// stream socket
     (what clients on this host use), next to a bare echo over each transport measured in the
-    same run (the floor: a ZeroMQ ROUTER for TCP, a plain Unix socket for unix://).
+    same run (the floor: a ZeroMQ ROUTER for TCP, a plain Unix socket for unix://). On
+    unix:// the client, the daemon and the floor busy-poll for --rpc-busy-poll before they
+    sleep, as store clients do; ZeroMQ needs its I/O threads to run, so nothing spins on TCP.
     """
     latency_count = max(100, requests // 4)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir:
@@ -47,14 +49,14 @@ def rpc(
                 endpoints["unix"] = local
             measured = {}
             for transport, address in endpoints.items():
-                with RpcClient(address, timeout=config.rpc_timeout) as client:
+                with RpcClient(address, timeout=config.rpc_timeout, busy_poll=config.rpc_busy_poll) as client:
                     measured[transport] = (rpc_latency(client, latency_count),
                                            {n: rpc_throughput(client, requests, n) for n in OUTSTANDING})
         finally:
             supervisor.down(paths, config.stop_grace)
-        with RawEchoServer(workdir) as raw:
+        with RawEchoServer(workdir, config.rpc_busy_poll) as raw:
             floors = {"tcp": raw_latency(raw.address, latency_count),
-                      "unix": raw_latency(raw.unix_path, latency_count)}
+                      "unix": raw_latency(raw.unix_path, latency_count, config.rpc_busy_poll)}
 
     def figures(transport: str) -> dict:
         latency, throughput = measured[transport]
