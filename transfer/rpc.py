@@ -203,7 +203,8 @@ class RpcServer:
         self._poll_items_stale = False
         items = [(self._socket, _POLLIN), (self._wake_read, _POLLIN)]
         items += [(fd, _POLLIN) for fd in self._listeners]
-        items += [(fd, _POLLIN | (_POLLOUT if c.unsent else 0)) for fd, c in self._streams.items()]
+        items += [(fd, (_POLLIN if reading else 0) | (_POLLOUT if writing else 0))
+                  for fd, (reading, writing) in ((fd, c.interest) for fd, c in self._streams.items())]
         return items
 
     def _stream_ready(self, fd: int, events: int) -> None:
@@ -217,7 +218,7 @@ class RpcServer:
         connection = self._streams.get(fd)
         if connection is None:
             return
-        had_unsent = bool(connection.unsent)
+        watched = connection.interest
         if events & _POLLOUT:
             connection.flush()
         if events & ~_POLLOUT:
@@ -237,7 +238,7 @@ class RpcServer:
         if not connection.open:
             del self._streams[fd]
             self._poll_items_stale = True
-        elif bool(connection.unsent) != had_unsent:
+        elif connection.interest != watched:
             self._poll_items_stale = True
 
     def _send_finished_replies(self) -> None:
@@ -262,9 +263,9 @@ class RpcServer:
         if isinstance(peer, bytes):
             _send(self._socket, [peer, *reply])
             return
-        had_unsent = bool(peer.unsent)
+        watched = peer.interest
         peer.send(reply)
-        if bool(peer.unsent) != had_unsent or not peer.open:
+        if not peer.open or peer.interest != watched:
             self._poll_items_stale = True
 
     def _dispatch(self, peer: Any, header: list, bulk: list[memoryview]) -> list | None:

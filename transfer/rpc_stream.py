@@ -238,6 +238,11 @@ def _clear_stale_socket(path: str) -> None:
     raise OSError(f"another process already serves {path}")
 
 
+# Replies a server holds for a peer that does not read them; beyond this it stops reading that
+# peer's requests until they drain, so one stuck client cannot grow the daemon without bound.
+BACKLOG_LIMIT = 8 << 20
+
+
 class ServerConnection:
     """One accepted client on a server's I/O thread: its reader and the replies not yet sent."""
 
@@ -247,6 +252,14 @@ class ServerConnection:
         self.reader = MessageReader(_body_limit(max_message_size))
         self.unsent: list[Buffer] = []
         self.open = True
+
+    @property
+    def interest(self) -> tuple[bool, bool]:
+        """(read, write): its requests unless its replies are backlogged, and room to send
+        while any reply waits."""
+        if not self.unsent:
+            return True, False
+        return sum(len(b) for b in self.unsent) <= BACKLOG_LIMIT, True
 
     def receive(self) -> list[list[memoryview] | Oversized]:
         """The whole messages that arrived; ConnectionLost when the peer is gone. A malformed

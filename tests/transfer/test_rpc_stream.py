@@ -225,3 +225,34 @@ def test_busy_polling_keeps_deadlines_and_still_takes_late_replies(tmp_path, tra
             assert client.call("sleep", {"seconds": 0.2}) == "slept"  # a reply after the spin
     finally:
         server.stop(drain_timeout=1)
+
+
+def test_a_client_that_never_reads_its_replies_cannot_grow_the_server_without_bound(tmp_path):
+    from transfer import rpc_stream
+
+    server = RpcServer("tcp://127.0.0.1:*", max_message_size=2 * MAX_SIZE)
+    address = server.bind(f"unix://{tmp_path / 'flood.sock'}")
+    server.register("echo", lambda r: Reply(r.args, r.frames))
+    server.start()
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    flood.connect(str(tmp_path / "flood.sock"))
+    bulk = bytes(range(256)) * (MAX_SIZE // 256)
+    requests = [b"".join(bytes(b) for b in encode([msgpack.packb({"id": i, "op": "echo", "args": {}}), bulk]))
+                for i in range(40)]
+    sender = threading.Thread(target=lambda: [flood.sendall(r) for r in requests], daemon=True)
+    try:
+        sender.start()
+        time.sleep(1.0)  # the server answers until its backlog for this peer passes the limit
+        held = sum(len(b) for c in list(server._streams.values()) for b in c.unsent)
+        assert held <= rpc_stream.BACKLOG_LIMIT + 2 * MAX_SIZE, f"{held} bytes of replies held"
+        with RpcClient(address, timeout=5) as other:
+            assert other.call("echo", {"still": "serving"}) == {"still": "serving"}
+        reader, replies = MessageReader(1 << 30), []
+        flood.settimeout(10)
+        while len(replies) < 40:  # reading drains it, and every reply comes, intact and in order
+            replies += reader.feed(flood.recv(1 << 20))
+        assert [msgpack.unpackb(m[0])["id"] for m in replies] == list(range(40))
+        assert all(bytes(m[1]) == bulk for m in replies)
+    finally:
+        flood.close()
+        server.stop(drain_timeout=0)
