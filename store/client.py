@@ -38,8 +38,9 @@ from transfer.errors import TransferFailed, TransferTimeout
 from transfer.settings import Config, resolve
 
 
-# A move this small is copied on the calling thread when shared memory reaches the replica:
-# handing it to the engine's copy threads and waiting for them costs several times the copy.
+# A move this small runs on the calling thread when shared memory or TCP reaches the replica:
+# handing it to the engine's copy or connection threads and waiting for them costs several
+# times the move itself.
 INLINE_BYTES = 1 << 20
 
 

@@ -22,6 +22,7 @@ from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, Mooncak
 from transfer.memory import RegisteredBuffer
 from transfer.shm_transport import ShmTransport
 from transfer.slicing import cut
+from transfer.tcp_transport import TcpTransport
 from transfer.transport import Transport
 
 _SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
@@ -161,10 +162,11 @@ class BatchMixin:
         return status.transferred_bytes
 
     def transfer_now(self, request: TransferRequest) -> bool:
-        """Move one request on the caller's thread when shared memory reaches its peer and the
-        local side is host memory: no batch, no copy thread, no wait (the store's small puts
-        and gets). False, with nothing done, when it needs a batch; TransferFailed when the
-        peer's memory is gone. Meant for small requests: a batch spreads big ones over threads."""
+        """Move one request on the caller's thread when shared memory or TCP reaches its peer
+        and the local side is host memory: no batch, no copy or connection thread, no wait (the
+        store's small puts and gets). False, with nothing done, when it needs a batch;
+        TransferFailed when the peer's memory is gone or unreachable. Meant for small requests:
+        a batch spreads big ones over threads and streams."""
         outcome = self.transfer_now_many([request])[0]
         if isinstance(outcome, MooncakeError):
             raise outcome
@@ -173,32 +175,46 @@ class BatchMixin:
     def transfer_now_many(self, requests: list[TransferRequest]) -> list[bool | MooncakeError]:
         """:meth:`transfer_now` for each request, reporting instead of raising: True (moved),
         False (needs a batch) or the error. A peer's shared-memory region is mapped and checked
-        alive once per call rather than once per request: a batch of small objects mostly
-        lands in one or two regions."""
-        outcomes: list[bool | MooncakeError] = []
+        alive once per call rather than once per request, and a peer reached over TCP gets all
+        of the call's requests in one request group: a batch of small objects mostly lands in
+        one or two segments."""
+        outcomes: list[bool | MooncakeError] = [False] * len(requests)
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
+        by_peer: dict[tuple[str, str], tuple[TcpTransport, SegmentDescriptor, list[int], list]] = {}
         seen = _Seen()
-        for request in requests:
+        for n, request in enumerate(requests):
             try:
                 local, peer, remote, transport = self._plan(request, seen)
             except MooncakeError as exc:
-                outcomes.append(exc)
+                outcomes[n] = exc
                 continue
-            if not isinstance(transport, ShmTransport) or local.location.startswith("cuda"):
-                outcomes.append(False)
+            if local.location.startswith("cuda") or not isinstance(transport, (ShmTransport, TcpTransport)):
+                continue  # device staging or RDMA: a batch's work
+            start = request.source - local.address
+            local_view = local.view[start:start + request.length]
+            if isinstance(transport, TcpTransport):
+                _, _, positions, moves = by_peer.setdefault(
+                    (peer.name, local.location), (transport, peer, [], []))
+                positions.append(n)
+                moves.append((request.opcode, local_view, request.target_offset))
                 continue
             try:
                 view = views.get(remote.shm_name)
                 if view is None:
                     view = views[remote.shm_name] = transport.region_view(peer, remote)
-                start, offset = request.source - local.address, request.target_offset - remote.address
-                transport.copy_between(request.opcode, local.view[start:start + request.length],
-                                       view[offset:offset + request.length])
+                offset = request.target_offset - remote.address
+                transport.copy_between(request.opcode, local_view, view[offset:offset + request.length])
             except (OSError, ValueError) as exc:
                 self.segments.invalidate(peer.name, peer.incarnation)
-                outcomes.append(TransferFailed(f"cannot map {peer.name}'s memory: {exc}"))
+                outcomes[n] = TransferFailed(f"cannot map {peer.name}'s memory: {exc}")
                 continue
-            outcomes.append(True)
+            outcomes[n] = True
+        for (_, location), (transport, peer, positions, moves) in by_peer.items():
+            errors = transport.move_now(peer, location, moves)
+            if any(errors):  # the peer may have restarted or moved, as after a batch's failure
+                self.segments.invalidate(peer.name, peer.incarnation)
+            for n, error in zip(positions, errors):
+                outcomes[n] = error or True
         return outcomes
 
     def write(self, segment: int | str, source: int, target_offset: int, length: int) -> int:

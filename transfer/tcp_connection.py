@@ -19,8 +19,8 @@ from typing import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.tcp_wire import (FRAME, GROUP, MAX_GROUP, READ_DATA, REQUEST, RESPONSE, PeerClosed,
-                               recv_all, recv_exact, recv_message, send_all, send_message, tune)
+from transfer.tcp_wire import (MAX_GROUP, PeerClosed, Refused, ResponseReader, hello, request_group,
+                               send_all, tune)
 from transfer.transport import SliceSink
 
 _MAX_BYTES_PER_SEND = 8 << 20
@@ -92,7 +92,7 @@ class Connection:
     def _send_loop(self) -> None:
         try:
             self._connect()
-        except _Refused as exc:
+        except Refused as exc:
             self._fail_stale(str(exc))
             self._thread_exit()
             return
@@ -116,10 +116,7 @@ class Connection:
                                         timeout=self._handshake_timeout, source_address=source)
         try:
             tune(sock)
-            send_message(sock, {"segment": self.peer.name, "incarnation": self.peer.incarnation})
-            answer = recv_message(sock)
-            if not answer.get("ok"):
-                raise _Refused(str(answer.get("error", "handshake refused")))
+            hello(sock, self.peer)
             sock.settimeout(None)  # from here the watchdog, not a socket timeout, bounds waits
         except BaseException:
             sock.close()
@@ -153,15 +150,8 @@ class Connection:
                 group.append((slice_id, piece))
                 size += piece.length
             sock = self._sock
-        header = bytearray(GROUP.size + len(group) * REQUEST.size)
-        GROUP.pack_into(header, 0, len(group))
-        parts: list = [header]
-        for i, (slice_id, piece) in enumerate(group):
-            opcode = piece.opcode
-            REQUEST.pack_into(header, GROUP.size + i * REQUEST.size, opcode, slice_id,
-                              piece.remote_address, piece.length)
-            if opcode == OpCode.WRITE:
-                parts.append(piece.local)
+        parts = request_group((piece.opcode, slice_id, piece.remote_address, piece.local)
+                              for slice_id, piece in group)
         send_all(sock, parts, self._touch)  # type: ignore[arg-type]
         return True
 
@@ -172,19 +162,10 @@ class Connection:
     # -- reader thread --------------------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        frame = bytearray(FRAME.size)
-        entries = memoryview(bytearray(MAX_GROUP * RESPONSE.size))
+        reader = ResponseReader()
         try:
             while True:
-                recv_exact(self._sock, memoryview(frame))  # type: ignore[arg-type]
-                kind, count = FRAME.unpack(frame)
-                if not 0 < count <= MAX_GROUP:
-                    raise PeerClosed(f"response frame of {count} responses")
-                block = entries[:count * RESPONSE.size]
-                recv_exact(self._sock, block)  # type: ignore[arg-type]
-                responses = list(RESPONSE.iter_unpack(block))
-                if kind == READ_DATA:
-                    self._receive_reads(responses)
+                responses = reader.read(self._sock, self._read_views, self._touch)  # type: ignore[arg-type]
                 with self._cv:
                     if self.dead:  # killed meanwhile: kill() already reported them
                         break
@@ -206,19 +187,12 @@ class Connection:
             self.kill(f"connection to {self.peer.name} via {self.nic} lost: {exc}")
         self._thread_exit()
 
-    def _receive_reads(self, responses: list[tuple[int, int, int]]) -> None:
-        """The payloads of a READ_DATA frame, scattered straight into the slices' memory."""
+    def _read_views(self, slice_ids: list[int]) -> list[memoryview | None]:
+        """Where a READ_DATA frame's payloads go: the memory of the READ slices in flight."""
         with self._cv:
-            pieces = [self._inflight.get(slice_id) for _, slice_id, _ in responses]
-        views = []
-        for (status, slice_id, length), piece in zip(responses, pieces):
-            if piece is None or piece.opcode != OpCode.READ:
-                raise PeerClosed(f"READ data for unknown or WRITE slice {slice_id}")
-            if status == 0:
-                if length != piece.length:
-                    raise PeerClosed(f"READ of {length} bytes for slice {slice_id}")
-                views.append(piece.local)
-        recv_all(self._sock, views, self._touch)  # type: ignore[arg-type]
+            pieces = [self._inflight.get(slice_id) for slice_id in slice_ids]
+        return [piece.local if piece is not None and piece.opcode == OpCode.READ else None
+                for piece in pieces]
 
     def _fail_stale(self, reason: str) -> None:
         with self._cv:
@@ -236,7 +210,3 @@ class Connection:
             sock = self._sock
         if last and sock is not None:
             sock.close()
-
-
-class _Refused(ConnectionError):
-    """The peer answered the hello with a refusal (it restarted: our descriptor is stale)."""

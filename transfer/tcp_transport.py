@@ -6,7 +6,8 @@ run on different connections in parallel. The pool keeps at most ``pool_size`` c
 an evicted one finishes its in-flight slices before closing. A connection that dies is dropped
 from the pool at once and rebuilt on next use. The watchdog declares dead a connection that has
 work but made no progress for ``slice_timeout`` (a peer that stopped, a link that went down:
-TCP alone would wait for minutes).
+TCP alone would wait for minutes). Small transfers can skip all that: :meth:`move_now` moves
+them on the calling thread's own link (see tcp_inline), bounded by a socket timeout instead.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import psutil
 
 from transfer.batch import Slice
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
+from transfer.errors import TransferFailed, TransferTimeout
 from transfer.memory import MemoryRegistry
 from transfer.paths import PathSet
 from transfer.sieve import SieveCache
 from transfer.tcp_connection import Connection
+from transfer.tcp_inline import InlineLink, Move
 from transfer.tcp_server import TcpTarget
+from transfer.tcp_wire import Refused
 from transfer.transport import SliceSink, Transport
 
 _WATCHDOG_TICK = 0.1
@@ -42,6 +46,9 @@ class TcpTransport(Transport):
         self._lock = threading.Lock()
         self._pool: SieveCache[tuple, Connection] = SieveCache(pool_size)
         self._retiring: set[Connection] = set()
+        # (thread id, peer, incarnation, NIC) -> that thread's link. A dead thread's id may be
+        # reused by a new thread, which then reuses its link: never two threads at once.
+        self._links: dict[tuple, InlineLink] = {}
         self.num_evicted = 0
         self.target = TcpTarget(registry, identity, listen)
         self._stop = threading.Event()
@@ -93,6 +100,50 @@ class TcpTransport(Transport):
             evicted.retire()
         return connection
 
+    def move_now(self, peer: SegmentDescriptor, location: str,
+                 moves: list[Move]) -> list[TransferFailed | None]:
+        """Move small requests to one peer on the calling thread: per move None (done) or its
+        error. Any error closes the link, whose stream may be out of step; the caller should
+        forget the peer's descriptor (it may have restarted), as a batch's final failure does."""
+        nic = self._paths.choose(location, 0, 0, time.monotonic())
+        key = (threading.get_ident(), peer.name, peer.incarnation, nic)
+        with self._lock:
+            link = self._links.get(key)
+        try:
+            if link is None or link.closed:
+                link = self._link(key, peer, nic)
+            statuses = link.move(moves)
+        except Refused as exc:
+            return [TransferFailed(f"segment {peer.name} is stale: {exc}")] * len(moves)
+        except (OSError, ConnectionError, ValueError) as exc:
+            if link is not None:
+                self._close_link(key, link)
+            self._paths.mark_failed(nic, time.monotonic())
+            kind = TransferTimeout if isinstance(exc, TimeoutError) else TransferFailed
+            return [kind(f"link to {peer.name} via {nic} failed: {type(exc).__name__}: {exc}")] * len(moves)
+        return [None if status == 0 else
+                TransferFailed(f"target {peer.name} refused the range (code {status})")
+                for status in statuses]
+
+    def _link(self, key: tuple, peer: SegmentDescriptor, nic: str) -> InlineLink:
+        local_host = self._local_address(nic)
+        link = InlineLink(peer, local_host, _match_endpoint(peer.endpoints, local_host, nic),
+                          self._handshake_timeout, self._slice_timeout)
+        with self._lock:
+            closed = self._stop.is_set()
+            if not closed:
+                self._links[key] = link
+        if closed:  # close() already took its list of links
+            link.close()
+            raise ConnectionError("transfer engine closed")
+        return link
+
+    def _close_link(self, key: tuple, link: InlineLink) -> None:
+        with self._lock:
+            if self._links.get(key) is link:
+                del self._links[key]
+        link.close()
+
     def _drop(self, key: tuple, connection: Connection) -> None:
         with self._lock:
             if self._pool.get(key) is connection:
@@ -107,8 +158,11 @@ class TcpTransport(Transport):
     def forget_peer(self, peer_name: str) -> None:
         with self._lock:
             stale = [c for c in self._pool.values() if c.peer.name == peer_name]
+            links = [(key, link) for key, link in self._links.items() if key[1] == peer_name]
         for connection in stale:
             connection.kill(f"segment {peer_name} was forgotten")
+        for key, link in links:
+            self._close_link(key, link)
 
     def num_connections(self) -> int:
         with self._lock:
@@ -128,8 +182,12 @@ class TcpTransport(Transport):
         self._watchdog.join(timeout=2)
         with self._lock:
             connections = [*self._pool.values(), *self._retiring]
+            links = list(self._links.values())
+            self._links.clear()
         for connection in connections:
             connection.kill("transfer engine closed")
+        for link in links:
+            link.close()
         self.target.close()
 
 

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import msgpack
+
+from transfer.batch import OpCode
+from transfer.descriptor import SegmentDescriptor
 
 REQUEST = struct.Struct("<B7xQQQ")
 RESPONSE = struct.Struct("<qQQ")
@@ -44,6 +47,66 @@ MAX_HELLO = 64 * 1024
 
 class PeerClosed(ConnectionError):
     pass
+
+
+class Refused(ConnectionError):
+    """The peer answered the hello with a refusal (it restarted: our descriptor is stale)."""
+
+
+def hello(sock: socket.socket, peer: SegmentDescriptor) -> None:
+    """The initiator's hello naming the ``peer`` incarnation it means; Refused if the target
+    is another one now."""
+    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation})
+    answer = recv_message(sock)
+    if not answer.get("ok"):
+        raise Refused(str(answer.get("error", "handshake refused")))
+
+
+def request_group(requests: Iterable[tuple[int, int, int, memoryview]]) -> list:
+    """The parts of one request group for :func:`send_all`: its header block, then its WRITE
+    payloads (views, not copies). Each request is (opcode, slice id, remote address, local
+    bytes); at most MAX_GROUP of them."""
+    requests = list(requests)
+    header = bytearray(GROUP.size + len(requests) * REQUEST.size)
+    GROUP.pack_into(header, 0, len(requests))
+    parts: list = [header]
+    for i, (opcode, slice_id, address, local) in enumerate(requests):
+        REQUEST.pack_into(header, GROUP.size + i * REQUEST.size, opcode, slice_id, address, len(local))
+        if opcode == OpCode.WRITE:
+            parts.append(local)
+    return parts
+
+
+class ResponseReader:
+    """Reads response frames off one connection, reusing its header buffers."""
+
+    def __init__(self) -> None:
+        self._frame = bytearray(FRAME.size)
+        self._entries = memoryview(bytearray(MAX_GROUP * RESPONSE.size))
+
+    def read(self, sock: socket.socket, read_views: Callable[[list[int]], list[memoryview | None]],
+             progress: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
+        """One frame's (status, slice id, length) responses. A READ_DATA frame's payloads are
+        scattered straight into ``read_views(slice ids)``: the local bytes of each READ, None
+        for an id that is no READ in flight (the stream is then out of step: PeerClosed)."""
+        recv_exact(sock, memoryview(self._frame))
+        kind, count = FRAME.unpack(self._frame)
+        if not 0 < count <= MAX_GROUP:
+            raise PeerClosed(f"response frame of {count} responses")
+        block = self._entries[:count * RESPONSE.size]
+        recv_exact(sock, block)
+        responses = list(RESPONSE.iter_unpack(block))
+        if kind == READ_DATA:
+            views = []
+            for (status, slice_id, length), view in zip(responses, read_views([r[1] for r in responses])):
+                if view is None:
+                    raise PeerClosed(f"READ data for unknown or WRITE slice {slice_id}")
+                if status == 0:
+                    if length != len(view):
+                        raise PeerClosed(f"READ of {length} bytes for slice {slice_id}")
+                    views.append(view)
+            recv_all(sock, views, progress)
+        return responses
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> None:
