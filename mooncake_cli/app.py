@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import typer
 
@@ -43,6 +44,7 @@ def main() -> None:
     # Commands are quiet by default: library chatter (such as "RDMA unavailable, using TCP" on a
     # host without RDMA) is for the daemons' logs; a command reports through its result or error.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    sys.argv[1:] = store.expand_soft_pin_value(sys.argv[1:])
     try:
         app()
     except MooncakeError as exc:  # anything a command did not render itself

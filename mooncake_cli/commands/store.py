@@ -16,9 +16,23 @@ from daemons.store_access import connect
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, emit, fail, fail_on, stderr
 from store.errors import MooncakeError
-from transfer.settings import parse_duration
 
-SOFT_PIN_DEFAULT = "default"  # what a bare --soft-pin stands for: the soft_pin_ttl setting
+
+def expand_soft_pin_value(argv: list[str]) -> list[str]:
+    """``put ... --soft-pin=TTL`` as ``--soft-pin --soft-pin-ttl TTL``, before parsing: a Typer
+    option cannot take an optional value, so --soft-pin is a switch and its TTL form is
+    rewritten (a bare --soft-pin followed by another option was otherwise read as its value)."""
+    if not argv or argv[0] != "put":
+        return argv
+    expanded: list[str] = []
+    for n, arg in enumerate(argv):
+        if arg == "--":  # what follows is positional, whatever it looks like
+            return expanded + argv[n:]
+        if arg.startswith("--soft-pin="):
+            expanded += ["--soft-pin", "--soft-pin-ttl", arg.partition("=")[2]]
+        else:
+            expanded.append(arg)
+    return expanded
 
 
 @settings_options("cluster", "rpc", "transfer", "checksum", "soft_pin_ttl", "master", "cluster_id")
@@ -27,9 +41,9 @@ def put(
     source: str = typer.Argument("-", help="File to store, or - for stdin."),
     replicas: Optional[int] = typer.Option(None, "--replicas", min=1,
                                            help="Replicas on distinct segments, best effort [default: the replicas setting]."),
-    soft_pin: Optional[str] = typer.Option(
-        None, "--soft-pin", is_flag=False, flag_value=SOFT_PIN_DEFAULT, metavar="[=TTL]",
-        help="Evict this object last; --soft-pin=30m sets how long (default: --soft-pin-ttl)."),
+    soft_pin: bool = typer.Option(
+        False, "--soft-pin", help="Evict this object last, for --soft-pin-ttl (--soft-pin=30m is the "
+        "same as --soft-pin --soft-pin-ttl 30m); without one, for the master's soft_pin_ttl."),
     hard_pin: bool = typer.Option(False, "--hard-pin", help="Never evict this object."),
     *,
     config: Config,
@@ -42,18 +56,13 @@ def put(
         data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     except OSError as exc:
         fail(f"cannot read {source}: {exc.strerror}")
-    ttl = None
-    if soft_pin not in (None, SOFT_PIN_DEFAULT):
-        try:
-            ttl = parse_duration(soft_pin)
-        except ValueError:
-            raise typer.BadParameter(f"--soft-pin={soft_pin!r} is not a duration") from None
     if not data:
         fail("nothing to store: objects must hold at least one byte")
+    # --soft-pin-ttl (flag, env or file) when one was given; else the master applies its own.
+    ttl = config.soft_pin_ttl if config.sources.get("soft_pin_ttl", "default") != "default" else None
     try:
         with connect(config) as client:
-            client.put(key, data, replicas=replicas, soft_pin=soft_pin is not None, soft_pin_ttl=ttl,
-                       hard_pin=hard_pin)
+            client.put(key, data, replicas=replicas, soft_pin=soft_pin, soft_pin_ttl=ttl, hard_pin=hard_pin)
     except MooncakeError as exc:
         fail_on(exc)
 

@@ -54,3 +54,24 @@ def test_up_writes_the_topology_and_names_shm_for_the_cluster(mooncake):
     assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
     mooncake("down")
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+def test_a_bare_soft_pin_takes_the_soft_pin_ttl_flag_or_else_the_masters_default(mooncake):
+    assert mooncake("up", env=FAST).returncode == 0
+    assert mooncake("put", "flagged", "-", "--soft-pin", "--soft-pin-ttl", "90s", input=b"x", env=FAST).returncode == 0
+    assert mooncake("put", "plain", "-", "--soft-pin", input=b"y", env=FAST).returncode == 0
+    assert mooncake("put", "valued", "-", "--soft-pin=45s", input=b"z", env=FAST).returncode == 0
+    left = {key: mooncake.json("inspect", "key", key, env=FAST)["soft_pin_left"]
+            for key in ("flagged", "plain", "valued")}
+    assert 60 < left["flagged"] <= 90
+    assert 25 * 60 < left["plain"] <= 30 * 60  # the master's soft_pin_ttl default
+    assert 15 < left["valued"] <= 45
+
+
+def test_soft_pin_value_form_is_rewritten_only_for_put_options():
+    from mooncake_cli.commands.store import expand_soft_pin_value
+
+    assert expand_soft_pin_value(["put", "k", "f", "--soft-pin=30m"]) == [
+        "put", "k", "f", "--soft-pin", "--soft-pin-ttl", "30m"]
+    assert expand_soft_pin_value(["put", "--", "--soft-pin=x", "f"]) == ["put", "--", "--soft-pin=x", "f"]
+    assert expand_soft_pin_value(["get", "--soft-pin=x"]) == ["get", "--soft-pin=x"]
