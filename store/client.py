@@ -269,7 +269,7 @@ class StoreClient:
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
         results: list[MooncakeError | None] = [None] * len(moves)
-        planned, index = [], []
+        requests, index = [], []
         handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
         for n, (address, replica, size) in enumerate(moves):
             if size == 0:
@@ -281,16 +281,15 @@ class StoreClient:
             except MooncakeError as exc:
                 results[n] = exc
                 continue
-            planned.append(TransferRequest(opcode, address, handle, replica.address, size))
+            requests.append(TransferRequest(opcode, address, handle, replica.address, size))
             index.append(n)
-        if sum(r.length for r in planned) <= INLINE_BYTES:
-            outcomes = self.engine.transfer_now_many(planned)
+        if sum(r.length for r in requests) <= INLINE_BYTES:
+            outcomes = self.engine.transfer_now_many(requests)
             for n, outcome in zip(index, outcomes):
                 if isinstance(outcome, MooncakeError):
                     results[n] = outcome
-            batched = [(n, r) for n, r, outcome in zip(index, planned, outcomes) if outcome is False]
-            index, planned = [n for n, _ in batched], [r for _, r in batched]
-        requests = planned
+            batched = [(n, r) for n, r, outcome in zip(index, requests, outcomes) if outcome is False]
+            index, requests = [n for n, _ in batched], [r for _, r in batched]
         if not requests:
             return results
         batch = self.engine.allocate_batch_id(len(requests))

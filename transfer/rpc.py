@@ -203,8 +203,9 @@ class RpcServer:
         self._poll_items_stale = False
         items = [(self._socket, _POLLIN), (self._wake_read, _POLLIN)]
         items += [(fd, _POLLIN) for fd in self._listeners]
-        items += [(fd, (_POLLIN if reading else 0) | (_POLLOUT if writing else 0))
-                  for fd, (reading, writing) in ((fd, c.interest) for fd, c in self._streams.items())]
+        for fd, connection in self._streams.items():
+            reading, writing = connection.interest
+            items.append((fd, (_POLLIN if reading else 0) | (_POLLOUT if writing else 0)))
         return items
 
     def _stream_ready(self, fd: int, events: int) -> None:
@@ -450,7 +451,6 @@ class RpcClient:
         self.address = address
         self.timeout = timeout
         self.max_message_size = max_message_size
-        self.busy_poll = busy_poll
         self._context = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
