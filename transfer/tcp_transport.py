@@ -133,9 +133,15 @@ class TcpTransport(Transport):
             closed = self._stop.is_set()
             if not closed:
                 self._links[key] = link
+                # Threads that ended left their links behind: a process that runs each request
+                # on a thread of its own would otherwise gather one socket per request.
+                alive = {thread.ident for thread in threading.enumerate()}
+                orphans = [(k, old) for k, old in self._links.items() if k[0] not in alive]
         if closed:  # close() already took its list of links
             link.close()
             raise ConnectionError("transfer engine closed")
+        for orphan_key, orphan in orphans:
+            self._close_link(orphan_key, orphan)
         return link
 
     def _close_link(self, key: tuple, link: InlineLink) -> None:

@@ -93,3 +93,32 @@ def test_a_restarted_peer_is_refused_as_stale_and_its_descriptor_refetched(make_
     assert initiator.segment_descriptor(handle).incarnation == current.incarnation
     assert initiator.transfer_now_many([write]) == [True]
     assert (remote[:4 * KiB] == 9).all()
+
+
+def test_links_of_threads_that_ended_are_closed_when_another_thread_opens_one(make_engine, target_process):
+    import threading
+
+    target = target_process(MiB)
+    initiator = make_engine(protocol="tcp")
+    handle = initiator.open_segment(target.name)
+    source = initiator.register_local_memory(np.ones(4 * KiB, np.uint8))
+    write = TransferRequest(OpCode.WRITE, source, handle, target.address, 4 * KiB)
+    outcomes, release = [], threading.Event()
+
+    def request_then_end() -> None:  # one thread per request, as a threaded server runs them
+        outcomes.extend(initiator.transfer_now_many([write]))
+        release.wait(10)
+
+    workers = [threading.Thread(target=request_then_end) for _ in range(5)]
+    for worker in workers:  # alive together, so each has its own id and link
+        worker.start()
+    deadline = time.monotonic() + 10
+    while len(outcomes) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_tcp(initiator)._links) == 5
+    release.set()
+    for worker in workers:
+        worker.join()
+    assert initiator.transfer_now_many([write]) == [True]  # this thread's new link
+    assert outcomes == [True] * 5
+    assert len(_tcp(initiator)._links) == 1, "the ended threads' links should have been closed"
