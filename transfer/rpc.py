@@ -470,8 +470,11 @@ class RpcClient:
     def close(self) -> None:
         """Close the connection. Calls still waiting on it, in other threads, end with RpcError:
         an owner may drop a client (a worker it declared dead) while requests wait on it."""
+        # Set before taking the lock: a waiter polls with the lock held and takes it straight
+        # back after each slice, so the closer may not get it until the reply has come. The
+        # flag alone ends every waiter at its next slice, which then lets the lock go for good.
+        self._closed = True
         with self._lock:
-            self._closed = True
             self._channel.close()
 
     def _check_open(self, op: str) -> None:
