@@ -31,3 +31,12 @@ class ServiceNotRegistered(MooncakeError):
 
 class WorkdirUnusable(MooncakeError):
     code, name = -1005, "WORKDIR_UNUSABLE"
+
+
+class ProgramMissing(MooncakeError):
+    """An external program a command runs (etcd for `bench failover`) is not installed."""
+    code, name = -1006, "PROGRAM_MISSING"
+
+    def __init__(self, program: str, package: str) -> None:
+        self.program, self.package = program, package
+        super().__init__(f"{program} is not installed (Debian: apt-get install {package})")

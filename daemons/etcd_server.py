@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from daemons.errors import ProgramMissing
 from transfer.etcd_kv import EtcdKV, EtcdUnavailable
 
 
@@ -21,12 +22,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EtcdServer:
     def __init__(self, data_dir: Path, host: str = "127.0.0.1", client_port: int = 0,
                  prefix: list[str] | None = None) -> None:
+        program = shutil.which("etcd")
+        if program is None:
+            raise ProgramMissing("etcd", "etcd-server")
         self.host = host
         self.port = client_port or free_port()
         peer = f"http://{host}:{client_port + 1 if client_port else free_port()}"
         client = f"http://{host}:{self.port}"
         self.process = subprocess.Popen(
-            [*(prefix or []), shutil.which("etcd"), "--name", "test", "--data-dir", str(data_dir),
+            [*(prefix or []), program, "--name", "test", "--data-dir", str(data_dir),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"test={peer}", "--log-level", "error"],

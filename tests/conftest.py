@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def require_program(program: str, package: str) -> str:
+    """The path of an external program a test needs; if it is missing, the test fails with one
+    line naming the Debian package (the README's test command installs them all), so a machine
+    set up short of the README never passes by running less."""
+    path = shutil.which(program)
+    if path is None:
+        pytest.fail(f"{program} is not installed: apt-get install {package} "
+                    "(the README's test command installs it)", pytrace=False)
+    return path
+
+
+def require_root(why: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root: {why}")
 
 
 class Mooncake:

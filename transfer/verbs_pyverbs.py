@@ -3,7 +3,10 @@
 pyverbs is a Cython binding to the system's libibverbs, so it must be the build that matches
 that library: Debian's ``python3-pyverbs`` package. It lives in ``/usr/lib/python3/dist-packages``,
 which a virtual environment does not see; that directory is *appended* to ``sys.path`` (never
-prepended, so it cannot shadow the environment's own numpy, torch...). PyPI's pyverbs is built
+prepended, so it cannot shadow the environment's own numpy, torch...) only while pyverbs is
+imported, then taken off again, so no other import can quietly come from Debian's packages
+instead of the environment (a dependency missing from the lock must fail, not be found there;
+pyverbs's later submodule imports go through its package ``__path__``). PyPI's pyverbs is built
 against a newer rdma-core and fails against Debian's libibverbs, so the ``rdma`` extra installs
 nothing: the Debian package is the way in.
 """
@@ -24,7 +27,8 @@ _INSTALL_HINT = "install Debian's python3-pyverbs (apt-get install python3-pyver
 
 def load() -> "PyverbsVerbs":
     """The pyverbs provider, or VerbsUnavailable saying precisely what is missing."""
-    if SYSTEM_PACKAGES not in sys.path:
+    borrowed = SYSTEM_PACKAGES not in sys.path
+    if borrowed:
         sys.path.append(SYSTEM_PACKAGES)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -37,6 +41,8 @@ def load() -> "PyverbsVerbs":
         # Importing pyverbs installs a root stderr handler at INFO; the application, not a
         # binding, decides where logs go (a CLI command must stay quiet, a daemon logs to file).
         root.handlers[:], root.level = handlers, level
+        if borrowed:
+            sys.path.remove(SYSTEM_PACKAGES)
     return PyverbsVerbs(modules)
 
 

@@ -8,7 +8,6 @@ the right bytes. The failover time is bounded by the lease TTL: the kill cannot 
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -28,8 +27,6 @@ def failover(
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Time a master failover on etcd: SIGKILL of the leader -> first successful put."""
-    if shutil.which("etcd") is None:
-        fail("the etcd server is not installed (Debian: apt-get install etcd-server)")
     try:
         object_size, ttl = parse_size(size), parse_duration(lease_ttl)
     except ValueError:

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "man"))
 
 import generate  # noqa: E402
+from tests.conftest import require_program  # noqa: E402
 
 
 def test_every_command_has_a_current_page():
@@ -38,8 +39,8 @@ def test_pages_list_flags_and_environment_from_the_registry():
     assert "MOONCAKE_RPC_TIMEOUT" in top and "mooncake\\-up" in top
 
 
-@pytest.mark.skipif(shutil.which("man") is None, reason="man-db is installed by .ci/run")
 def test_man_renders_the_top_page():
+    require_program("man", "man-db")
     result = subprocess.run(["man", "-l", str(REPO / "man" / "mooncake.1")], capture_output=True,
                             text=True, env={"MANPAGER": "cat", "PATH": "/usr/bin:/bin", "COLUMNS": "100"})
     assert result.returncode == 0 and "Mooncake" in result.stdout

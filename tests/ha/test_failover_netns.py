@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +18,10 @@ import pytest
 from daemons.etcd_server import EtcdServer
 from daemons.ha_scenario import Cluster, scenario_settings, wait_until
 from daemons.paths import read_json
+from tests.conftest import require_program
 
 pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"),
-                                 reason="needs root, iproute2 and etcd")]
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces")]
 N = 200
 NODES = "abcd"
 
@@ -34,6 +33,8 @@ def ip(*args: str, ns: str | None = None) -> None:
 @pytest.fixture
 def hosts():
     """Namespaces <tag>-a..d on a bridge inside a hub namespace; 10.77.0.1..4. Always removed."""
+    require_program("ip", "iproute2")
+    require_program("etcd", "etcd-server")
     tag = f"mc{os.getpid() % 100000}"
     hub = f"{tag}-hub"
     created = []

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.conftest import require_program
 from transfer.shm import remove_orphans
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RATE = "40mbit"  # per path: modest, so CPU is never what limits the striped rate
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"),
-                                reason="needs root, iproute2 and tc")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces")
 
 
 def _ip(*args: str) -> None:
@@ -26,6 +25,8 @@ def _ip(*args: str) -> None:
 
 @pytest.fixture
 def namespaces():
+    require_program("ip", "iproute2")
+    require_program("tc", "iproute2")
     a, b = f"mc-a-{os.getpid()}", f"mc-b-{os.getpid()}"
     try:
         _ip("netns", "add", a)
