@@ -21,7 +21,6 @@ import uuid
 from typing import Optional
 
 import psutil
-import click
 import typer
 import yaml
 from typer.core import TyperCommand
@@ -45,9 +44,9 @@ def _gflag(name: str, help_text: str, **kwargs) -> typer.Option:
 
 class _GflagsCommand(TyperCommand):
     """Takes gflags' boolean forms: ``--flag=true`` is ``--flag``, ``--flag=false`` leaves it off
-    (click's switches refuse a value)."""
+    (click's switches, under typer, refuse a value)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, [a for arg in args for a in _switch(arg)])
 
 
