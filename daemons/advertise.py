@@ -10,8 +10,8 @@ from __future__ import annotations
 import ipaddress
 
 from daemons.errors import AddressNotReachable
-from transfer.etcd_kv import parse_endpoints
-from transfer.leader import ETCD_SCHEME
+from transfer.etcd.kv import parse_endpoints
+from transfer.etcd.leader import ETCD_SCHEME
 
 _ANY = ("0.0.0.0", "::", "*", "")
 

@@ -32,10 +32,10 @@ import topology
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
 from daemons.paths import shm_prefix
 from daemons.worker_base import WorkerDaemon
-from store.data_engine import open_engine
+from transfer.from_settings import open_engine
 from transfer.errors import InvalidArgument, MooncakeError
 from transfer.memory import address_of
-from transfer.rpc import Request
+from transfer.rpc.client_server import Request
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from daemons.errors import ProgramMissing
-from transfer.etcd_kv import EtcdKV, EtcdUnavailable
+from transfer.etcd.kv import EtcdKV, EtcdUnavailable
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from transfer.etcd_kv import EtcdKV, EtcdUnavailable
-from transfer.leader import master_view_key
+from transfer.etcd.kv import EtcdKV, EtcdUnavailable
+from transfer.etcd.leader import master_view_key
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from daemons.ha_election import Election, LeaderGate
 from daemons.ha_oplog import OpLogWriter
 from store.oplog import OpLogJournal, record_adopted
 from transfer.errors import NotLeader
-from transfer.etcd_kv import EtcdKV
+from transfer.etcd.kv import EtcdKV
 
 DURABLE_OPS = {"store.put_end", "store.batch_put_end"}
 

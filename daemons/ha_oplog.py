@@ -20,8 +20,8 @@ from typing import Any
 
 from store.oplog import Batch, replay
 from transfer.errors import NotLeader
-from transfer.etcd_kv import EtcdKV, EtcdUnavailable
-from transfer.leader import master_view_key
+from transfer.etcd.kv import EtcdKV, EtcdUnavailable
+from transfer.etcd.leader import master_view_key
 
 log = logging.getLogger(__name__)
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops

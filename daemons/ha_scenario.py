@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from transfer.leader import MasterView
+from transfer.etcd.leader import MasterView
 
 
 @dataclass

@@ -16,7 +16,7 @@ from daemons.base import Daemon
 from daemons.ha_master import start_election
 from daemons.master_store import StoreService
 from daemons.service_registry import ServiceTable
-from transfer.metadata_table import MetadataTable, serve_metadata
+from transfer.metadata.table import MetadataTable, serve_metadata
 
 
 class MasterDaemon(Daemon):

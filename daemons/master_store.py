@@ -44,7 +44,7 @@ from store.policy import StorePolicy
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
-from transfer.rpc import Request, RpcServer
+from transfer.rpc.client_server import Request, RpcServer
 from transfer.settings import Config
 
 log = logging.getLogger(__name__)

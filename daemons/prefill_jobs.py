@@ -28,7 +28,7 @@ from typing import Any
 
 from daemons.worker_base import WorkerDaemon
 from transfer.errors import MooncakeError
-from transfer.rpc import Request
+from transfer.rpc.client_server import Request
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from daemons.errors import ServiceNotRegistered
 from transfer.errors import MooncakeError
-from transfer.leader import master_rpc
+from transfer.etcd.leader import master_rpc
 
 log = logging.getLogger(__name__)
 

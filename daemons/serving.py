@@ -40,7 +40,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.errors import NoInstances
 from scheduler.types import REJECT_DECODE, ScheduleRequest
 from transfer.errors import MooncakeError
-from transfer.rpc import Request, RpcClient
+from transfer.rpc.client_server import Request, RpcClient
 from transfer.settings import Config
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from daemons.completion_request import CompletionRequest
 from scheduler.conductor import Conductor
 from scheduler.cpp import CppPrefillTimeModel
 from scheduler.types import Decision
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 
 @dataclass

@@ -31,7 +31,7 @@ from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStart
 from daemons.paths import ClusterPaths, read_json, shm_prefix, write_json_atomic
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import Config
 
 LOG_TAIL_LINES = 20

@@ -27,7 +27,7 @@ from daemons.model import build_model, kv_layout
 from daemons.paths import read_json
 from daemons.service_registry import REFRESH_INTERVAL, lookup_service
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from store.data_engine import open_engine
+from transfer.from_settings import open_engine
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError
 from store.master_client import MasterClient
 from store.disk_reader import DiskReader

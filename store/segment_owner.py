@@ -33,7 +33,7 @@ from transfer.engine import TransferEngine
 from store.errors import InvalidParams
 from transfer.errors import MooncakeError
 from transfer.memory import address_of
-from transfer.rpc import Reply, Request, RpcServer
+from transfer.rpc.client_server import Reply, Request, RpcServer
 
 log = logging.getLogger(__name__)
 

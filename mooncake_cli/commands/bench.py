@@ -11,8 +11,8 @@ from daemons import supervisor
 from daemons.paths import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
-from transfer.rpc import RpcClient
-from transfer.rpc_bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+from transfer.rpc.client_server import RpcClient
+from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
 
 app = typer.Typer(help="Measure speed against this machine's own limits.", no_args_is_help=True)
 

@@ -6,7 +6,7 @@ Deployment scripts written for Mooncake run `mooncake_master --rpc_port=50051
 and map onto our settings (lease_ttl, soft_pin_ttl, high_watermark, eviction_ratio,
 client_ttl, bind_host). Our own flags (--lease-ttl, ...) work too; the C++ form wins when both
 are given. With --enable_http_metadata_server the same process also serves Mooncake's HTTP
-metadata protocol (:mod:`transfer.http_metadata`), for transfer engines given
+metadata protocol (:mod:`transfer.metadata.http_backend`), for transfer engines given
 metadata_server="http://host:port/metadata".
 
 Without --foreground the command starts itself again with --foreground as a background process
@@ -30,7 +30,7 @@ from daemons.paths import ClusterPaths, write_json_atomic
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.commands.start_role import preflight, spawn_in_background
 from mooncake_cli.output import JSON_HELP, emit, fail
-from transfer.http_metadata import HttpMetadataServer
+from transfer.metadata.http_backend import HttpMetadataServer
 
 NAME = "master"
 app = typer.Typer(help="Start one daemon in the foreground or as a background process.",

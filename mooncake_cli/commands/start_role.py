@@ -34,7 +34,7 @@ from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import SECTIONS
 
 ROLES = ("store-client", "conductor", "prefill", "decode")

@@ -13,7 +13,7 @@ import psutil
 
 from daemons.paths import ClusterPaths
 from daemons.supervisor import daemon_address, local_daemon_address
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 
 def test_daemons_announce_a_unix_socket_that_answers_like_tcp(mooncake):

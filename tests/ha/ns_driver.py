@@ -14,7 +14,7 @@ import sys
 from daemons.ha_scenario import payload, put_until_ok
 from store.client import StoreClient
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
 SIZE = 4096

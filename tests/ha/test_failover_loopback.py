@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from daemons.ha_scenario import run_failover
-from transfer.leader import MasterView
+from transfer.etcd.leader import MasterView
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -70,7 +70,7 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         a = cluster.spawn("master", "master-a", on(ns_a), bind_host=ip_a)
         # The view is read from inside a namespace: this test process cannot reach them.
         leader = lambda: subprocess.run(  # noqa: E731
-            [*on(ns_d), sys.executable, "-c", "import sys; from transfer.leader import MasterView; "
+            [*on(ns_d), sys.executable, "-c", "import sys; from transfer.etcd.leader import MasterView; "
              "print(MasterView(sys.argv[1]).leader())", settings["master"]],
             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
         wait_until(lambda: leader().startswith(f"tcp://{ip_a}:"), 20, "A leading", step=0.2)

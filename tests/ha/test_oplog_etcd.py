@@ -11,8 +11,8 @@ from daemons.ha_oplog import OpLogWriter
 from daemons.master_store import StoreService
 from store.objects import ReplicaTier, Segment
 from store.oplog import OpLogJournal
-from transfer.etcd_kv import EtcdKV
-from transfer.leader import master_view_key
+from transfer.etcd.kv import EtcdKV
+from transfer.etcd.leader import master_view_key
 from transfer.settings import resolve
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from daemons.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer
 from daemons.serving import ServingService
 from tests.serving.helpers import metric, request
-from transfer.rpc import Request
+from transfer.rpc.client_server import Request
 from transfer.settings import resolve
 
 

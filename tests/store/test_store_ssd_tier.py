@@ -11,7 +11,7 @@ import psutil
 import xxhash
 
 from daemons import supervisor
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 from store_cluster import FAST, client_for, config_for, paths_of, value_for, wait_until
 

@@ -1,4 +1,4 @@
-"""A stand-in for pyverbs behind the :mod:`transfer.verbs` seam: RDMA as memory copies.
+"""A stand-in for pyverbs behind the :mod:`transfer.rdma.verbs` seam: RDMA as memory copies.
 
 One :class:`Fabric` joins the devices of every engine in a test. Memory regions and queue pairs
 get fabric-wide keys and numbers; a posted WRITE/READ is checked the way an HCA would (keys and
@@ -15,7 +15,7 @@ import ctypes
 import itertools
 import threading
 
-from transfer.verbs import Completion, GidEntry, MemoryKeys, Op, PortInfo, QpTarget, VerbsUnavailable
+from transfer.rdma.verbs import Completion, GidEntry, MemoryKeys, Op, PortInfo, QpTarget, VerbsUnavailable
 
 
 class Fabric:

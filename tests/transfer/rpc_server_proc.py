@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from transfer.errors import SegmentNotFound  # noqa: E402
-from transfer.rpc import Reply, RpcServer  # noqa: E402
+from transfer.rpc.client_server import Reply, RpcServer  # noqa: E402
 
 
 def crash(request):

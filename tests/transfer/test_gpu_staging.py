@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fake_verbs import Fabric, FakeVerbs
 
-from transfer.device_memory import view_address
+from transfer.gpu.device_memory import view_address
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
 from transfer.memory import address_of

@@ -6,11 +6,11 @@ import pytest
 
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
 from transfer.errors import InvalidArgument, SegmentNotFound
-from transfer.metadata_client import MasterMetadata
-from transfer.metadata_table import MetadataTable, serve_metadata
-from transfer.paths import PathSet
-from transfer.rpc import RpcServer
-from transfer.slicing import cut
+from transfer.metadata.client import MasterMetadata
+from transfer.metadata.table import MetadataTable, serve_metadata
+from transfer.path_selection import PathSet
+from transfer.rpc.client_server import RpcServer
+from transfer.batch import cut
 
 
 def _descriptor(name: str, incarnation: str) -> SegmentDescriptor:

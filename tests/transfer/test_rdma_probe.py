@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from fake_verbs import Fabric, FakeVerbs
 
-from transfer import rdma_probe, verbs_pyverbs
+from transfer.rdma import probe as rdma_probe
+from transfer.rdma import verbs_pyverbs
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
 from transfer.errors import DeviceNotFound, MemoryLockLimit
 from transfer.memory import address_of
-from transfer.verbs import GidEntry, VerbsUnavailable
+from transfer.rdma.verbs import GidEntry, VerbsUnavailable
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from transfer.errors import (
     HandlerFailed, MalformedMessage, MessageTooLarge, RpcError, RpcTimeout, SegmentNotFound,
     UnknownOperation,
 )
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 SERVER = Path(__file__).with_name("rpc_server_proc.py")
 MAX_SIZE = 1 << 20

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transfer.errors import HandlerFailed, MessageTooLarge, RpcTimeout, SegmentNotFound, UnknownOperation
-from transfer.rpc import Reply, RpcClient, RpcServer
+from transfer.rpc.client_server import Reply, RpcClient, RpcServer
 
 MAX_SIZE = 1 << 20
 

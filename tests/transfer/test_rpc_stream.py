@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from transfer.errors import MalformedMessage, MessageTooLarge, RpcTimeout
-from transfer.rpc import Reply, RpcClient, RpcServer
-from transfer.rpc_stream import ConnectionLost, MessageReader, encode
+from transfer.rpc.client_server import Reply, RpcClient, RpcServer
+from transfer.rpc.stream import ConnectionLost, MessageReader, encode
 
 SERVER = Path(__file__).with_name("rpc_server_proc.py")
 MAX_SIZE = 1 << 20
@@ -228,7 +228,7 @@ def test_busy_polling_keeps_deadlines_and_still_takes_late_replies(tmp_path, tra
 
 
 def test_a_client_that_never_reads_its_replies_cannot_grow_the_server_without_bound(tmp_path):
-    from transfer import rpc_stream
+    from transfer.rpc import stream as rpc_stream
 
     server = RpcServer("tcp://127.0.0.1:*", max_message_size=2 * MAX_SIZE)
     address = server.bind(f"unix://{tmp_path / 'flood.sock'}")

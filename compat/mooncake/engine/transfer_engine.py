@@ -33,9 +33,9 @@ from transfer.batch import OpCode, Status, TransferRequest
 from transfer.engine import TransferEngine as OurEngine
 from transfer.engine_options import EngineOptions
 from transfer.errors import InvalidArgument
-from transfer.etcd_metadata import EtcdMetadata
-from transfer.http_metadata import HttpMetadata
-from transfer.leader import ETCD_SCHEME
+from transfer.metadata.etcd_backend import EtcdMetadata
+from transfer.metadata.http_backend import HttpMetadata
+from transfer.etcd.leader import ETCD_SCHEME
 from transfer.memory import address_of
 from transfer.settings import setting
 

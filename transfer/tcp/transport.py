@@ -22,12 +22,12 @@ from transfer.batch import Slice
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.memory import MemoryRegistry
-from transfer.paths import PathSet
+from transfer.path_selection import PathSet
 from transfer.sieve import SieveCache
-from transfer.tcp_connection import Connection
-from transfer.tcp_inline import InlineLink, Move
-from transfer.tcp_server import TcpTarget
-from transfer.tcp_wire import Refused
+from transfer.tcp.connection import Connection
+from transfer.tcp.inline import InlineLink, Move
+from transfer.tcp.server import TcpTarget
+from transfer.tcp.wire import Refused
 from transfer.transport import SliceSink, Transport
 
 _WATCHDOG_TICK = 0.1

@@ -3,7 +3,7 @@
 The floors are a bare ZeroMQ ROUTER (for TCP) and a bare Unix stream socket (for unix://), each
 sending every message straight back: the round trip no RPC layer over that transport can beat
 on this machine. Reporting them in the same run keeps our figures honest on a noisy host. Run
-``python -m transfer.rpc_bench PATH`` to start the raw echo servers; it prints the ZeroMQ TCP
+``python -m transfer.rpc.bench PATH`` to start the raw echo servers; it prints the ZeroMQ TCP
 address, then the Unix socket's path.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import zmq
 
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 
 @dataclass
@@ -134,7 +134,7 @@ class RawEchoServer:
 
     def __enter__(self) -> "RawEchoServer":
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "transfer.rpc_bench", str(Path(self.socket_dir) / "raw-echo.sock"),
+            [sys.executable, "-m", "transfer.rpc.bench", str(Path(self.socket_dir) / "raw-echo.sock"),
              str(self.spin)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self.address = self.process.stdout.readline().strip()

@@ -20,7 +20,7 @@ from typing import Any
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import SegmentNotFound
-from transfer.rpc import Request, RpcServer
+from transfer.rpc.client_server import Request, RpcServer
 
 
 class MetadataTable:

@@ -16,7 +16,7 @@ import numpy as np
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.memory import as_array
-from transfer.shm import SharedRegion
+from transfer.shm.region import SharedRegion
 from transfer.transport import SliceSink, Transport
 
 

@@ -1,6 +1,6 @@
 """Start-up checks of the RDMA transport, each failing with a message that says what to fix.
 
-In order: pyverbs importable (:func:`transfer.verbs_pyverbs.load`), a device listed, a device
+In order: pyverbs importable (:func:`transfer.rdma.verbs_pyverbs.load`), a device listed, a device
 with an ACTIVE port, a usable GID, an MTU the port supports; then, whenever memory is
 registered, the locked-memory limit (``ulimit -l``), because every registered byte is pinned.
 The GID index and MTU are probed per device (a RoCEv2 GID preferred, the port's active MTU) and
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from transfer.errors import MemoryLockLimit
 from transfer.settings import format_size
-from transfer.verbs import MTUS, ZERO_GID, Device, GidEntry, PortInfo, Verbs, VerbsUnavailable
+from transfer.rdma.verbs import MTUS, ZERO_GID, Device, GidEntry, PortInfo, Verbs, VerbsUnavailable
 
 _CAP_IPC_LOCK = 14  # a process with this capability may pin memory past RLIMIT_MEMLOCK
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import SegmentNotFound
-from transfer.metadata_client import MetadataBackend
+from transfer.metadata.client import MetadataBackend
 
 
 class SegmentCache:

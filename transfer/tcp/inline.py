@@ -1,6 +1,6 @@
 """A caller thread's own TCP connection to one peer incarnation, for small transfers.
 
-Handing a small request to a :class:`~transfer.tcp_connection.Connection` costs four thread
+Handing a small request to a :class:`~transfer.tcp.connection.Connection` costs four thread
 wake-ups (caller -> sender -> target -> reader -> waiter), tens of microseconds each. An
 inline link is used by one thread alone, so that thread sends the request group and reads the
 response frames itself: only the target's thread wakes in between. The socket timeout is the
@@ -14,7 +14,7 @@ import threading
 
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.tcp_wire import MAX_GROUP, ResponseReader, hello, request_group, send_all, tune
+from transfer.tcp.wire import MAX_GROUP, ResponseReader, hello, request_group, send_all, tune
 
 Move = tuple[OpCode, memoryview, int]  # (opcode, local bytes, remote address)
 

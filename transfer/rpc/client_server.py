@@ -18,7 +18,7 @@ Handlers run on the server's I/O thread unless registered ``blocking=True``; blo
 run on a thread pool and hand their reply back through a queue and a wake-up pipe, because a
 ZeroMQ socket must only ever be touched by the thread that polls it.
 
-A server may also listen on ``unix://PATH`` (:mod:`transfer.rpc_stream`): the same messages over
+A server may also listen on ``unix://PATH`` (:mod:`transfer.rpc.stream`): the same messages over
 a Unix stream socket, which the same I/O thread polls beside the ZeroMQ socket. A client given a
 ``unix://`` address speaks that transport; any other address goes through ZeroMQ.
 """
@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import zmq
 
-from transfer import rpc_stream
+from transfer.rpc import stream
 from transfer.errors import (
     HandlerFailed,
     MalformedMessage,
@@ -124,8 +124,8 @@ class RpcServer:
         self._accepting = True
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._listeners: dict[int, rpc_stream.StreamListener] = {}
-        self._streams: dict[int, rpc_stream.ServerConnection] = {}
+        self._listeners: dict[int, stream.StreamListener] = {}
+        self._streams: dict[int, stream.ServerConnection] = {}
         self._poll_items_stale = True
         self.num_served = 0
 
@@ -133,8 +133,8 @@ class RpcServer:
         """Serve on ``endpoint`` as well, e.g. a ``unix://`` stream socket (or a ZeroMQ ipc://
         one) beside the TCP port for same-host clients. Call before :meth:`start`: afterwards
         only the I/O thread may touch the sockets. Returns the bound address."""
-        if rpc_stream.is_stream_address(endpoint):
-            listener = rpc_stream.StreamListener(endpoint)
+        if stream.is_stream_address(endpoint):
+            listener = stream.StreamListener(endpoint)
             self._listeners[listener.fd] = listener
             return listener.address
         self._socket.bind(endpoint)
@@ -212,7 +212,7 @@ class RpcServer:
         listener = self._listeners.get(fd)
         if listener is not None:
             for sock in listener.accept():
-                connection = rpc_stream.ServerConnection(sock, self.max_message_size)
+                connection = stream.ServerConnection(sock, self.max_message_size)
                 self._streams[connection.fd] = connection
             self._poll_items_stale = True
             return
@@ -225,13 +225,13 @@ class RpcServer:
         if events & ~_POLLOUT:
             try:
                 for message in connection.receive():
-                    if isinstance(message, rpc_stream.Oversized):
+                    if isinstance(message, stream.Oversized):
                         self._reply(connection, [_error_header(_peek_id(message.header), MessageTooLarge(
                             f"message of {message.size} bytes exceeds the limit of "
                             f"{self.max_message_size} bytes"))])
                     else:
                         self._answer(connection, message[:1], message[1:])
-            except rpc_stream.ConnectionLost:
+            except stream.ConnectionLost:
                 connection.close()
             except MooncakeError as exc:  # a bad frame table: where the next message starts is lost
                 connection.send([_error_header(None, exc)])
@@ -434,7 +434,7 @@ class _ZmqChannel:
 class RpcClient:
     """A connection to one daemon. Thread-safe; many calls may be in flight at once.
 
-    ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc_stream`), any other address
+    ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc.stream`), any other address
     ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
     (an RpcError) and the next call connects again. ``busy_poll``: on a stream, how long a call
     polls for its reply without sleeping before it blocks."""
@@ -459,12 +459,12 @@ class RpcClient:
         self._closed = False
         self._channel = self._connect()
         # Only a stream client spins: ZeroMQ's own I/O threads need the CPU to bring the reply.
-        self._spin = busy_poll if isinstance(self._channel, rpc_stream.ClientChannel) else 0.0
+        self._spin = busy_poll if isinstance(self._channel, stream.ClientChannel) else 0.0
 
-    def _connect(self) -> _ZmqChannel | rpc_stream.ClientChannel:
-        if rpc_stream.is_stream_address(self.address):
+    def _connect(self) -> _ZmqChannel | stream.ClientChannel:
+        if stream.is_stream_address(self.address):
             # Replies are not limited by our request limit: a daemon may answer with more.
-            return rpc_stream.ClientChannel(self.address, 0xFFFFFFFF)
+            return stream.ClientChannel(self.address, 0xFFFFFFFF)
         return _ZmqChannel(self._context, self.address)
 
     def close(self) -> None:
@@ -511,7 +511,7 @@ class RpcClient:
             self._check_open(op)
             try:
                 self._channel.send(op, [header, *frames], deadline)
-            except rpc_stream.ConnectionLost as exc:
+            except stream.ConnectionLost as exc:
                 # The peer closed the stream while it sat idle (the daemon restarted): what was
                 # in flight on it is lost, and this request never went out whole, so one try on
                 # a fresh connection cannot run it twice.
@@ -555,7 +555,7 @@ class RpcClient:
     def _receive_ready(self) -> None:
         try:
             messages = self._channel.receive()
-        except rpc_stream.ConnectionLost as exc:
+        except stream.ConnectionLost as exc:
             self._lose_waiting(exc)
             return
         for frames in messages:

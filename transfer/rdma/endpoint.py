@@ -12,7 +12,7 @@ import itertools
 import threading
 
 from transfer.batch import Slice
-from transfer.verbs import Op, QueuePair
+from transfer.rdma.verbs import Op, QueuePair
 
 EndpointKey = tuple[str, str, str, str]  # (peer name, peer incarnation, local device, peer device)
 

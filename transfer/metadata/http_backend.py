@@ -104,7 +104,7 @@ class HttpMetadataServer:
 
 
 class HttpMetadata:
-    """A :class:`transfer.metadata_client.MetadataBackend` over an HTTP metadata server."""
+    """A :class:`transfer.metadata.client.MetadataBackend` over an HTTP metadata server."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url, self.timeout = url, timeout

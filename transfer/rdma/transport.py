@@ -2,8 +2,8 @@
 
 Per device: one context, protection domain and completion queue (the provider's Device), and a
 memory region for every registered buffer, whose remote keys go into our segment descriptor.
-A slice picks a (local device, peer device) pair (:mod:`transfer.rdma_paths`), finds or
-handshakes the endpoint for that pair (:mod:`transfer.rdma_handshake`) and is posted as
+A slice picks a (local device, peer device) pair (:mod:`transfer.rdma.device_selection`), finds or
+handshakes the endpoint for that pair (:mod:`transfer.rdma.handshake`) and is posted as
 ``slice_size`` work requests. Two threads keep ``submit`` off the network: a poster (endpoint
 set-up may wait for the peer's RPC reply) and a poller that drains the completion queues and
 reports each slice once. A failed slice goes back to the engine, which retries it here on the
@@ -22,19 +22,19 @@ from typing import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import BufferDesc, RdmaDeviceDesc, SegmentDescriptor
-from transfer.device_memory import view_address
+from transfer.gpu.device_memory import view_address
 from transfer.errors import AddressNotRegistered, DeviceNotFound, InvalidArgument, MalformedMessage
-from transfer.paths import PathSet
-from transfer.rdma_endpoint import Endpoint, EndpointKey, Flight
-from transfer.rdma_handshake import CONNECT_OP, QpInfo, local_info, target_for
-from transfer.rdma_paths import peer_device, rdma_matrix
-from transfer import rdma_probe
-from transfer.rdma_probe import DevicePlan, check_memlock
-from transfer.rpc import Request, RpcClient
+from transfer.path_selection import PathSet
+from transfer.rdma.endpoint import Endpoint, EndpointKey, Flight
+from transfer.rdma.handshake import CONNECT_OP, QpInfo, local_info, target_for
+from transfer.rdma.device_selection import peer_device, rdma_matrix
+from transfer.rdma import probe
+from transfer.rdma.probe import DevicePlan, check_memlock
+from transfer.rpc.client_server import Request, RpcClient
 from transfer.sieve import SieveCache
-from transfer.slicing import cut
+from transfer.batch import cut
 from transfer.transport import SliceSink, Transport
-from transfer.verbs import Completion, Device, MemoryKeys, Op, QueuePair
+from transfer.rdma.verbs import Completion, Device, MemoryKeys, Op, QueuePair
 
 MAX_WR = 256  # outstanding work requests per QP (Mooncake's max_wr)
 _POLL_BATCH = 64
@@ -89,7 +89,7 @@ class RdmaTransport(Transport):
         """Register a buffer on every device (MemoryLockLimit past ``ulimit -l``); its rkeys."""
         length = host.nbytes
         with self._lock:
-            check_memlock(self._pinned, length, rdma_probe.memlock_limit())
+            check_memlock(self._pinned, length, probe.memlock_limit())
             self._pinned += length
         region = _Region(view_address(host), length, mr_address, {}, {})
         try:

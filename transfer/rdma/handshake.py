@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from transfer.errors import MalformedMessage
-from transfer.rdma_probe import DevicePlan
-from transfer.verbs import MTUS, QpTarget
+from transfer.rdma.probe import DevicePlan
+from transfer.rdma.verbs import MTUS, QpTarget
 
 CONNECT_OP = "te.rdma.connect"
 

@@ -2,7 +2,7 @@
 
 Each engine's descriptor is the JSON of :meth:`SegmentDescriptor.to_wire` under
 ``mooncake/<cluster_id>/segments/<name>``. Its version is the etcd revision of the put that
-wrote it, so, as with the master's table (:mod:`transfer.metadata_table`), a restarted peer's
+wrote it, so, as with the master's table (:mod:`transfer.metadata.table`), a restarted peer's
 new incarnation replaces the old descriptor under a higher version. A withdraw deletes the key
 only if it still holds this incarnation, in one transaction guarded on the revision it read,
 so a late withdraw from a dead process never deletes its successor's descriptor.
@@ -14,9 +14,9 @@ import json
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import SegmentNotFound
-from transfer.etcd_kv import EtcdKV
-from transfer.leader import ETCD_SCHEME
-from transfer.metadata_client import P2P
+from transfer.etcd.kv import EtcdKV
+from transfer.etcd.leader import ETCD_SCHEME
+from transfer.metadata.client import P2P
 from transfer.settings import Config
 
 

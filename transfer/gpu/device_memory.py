@@ -7,7 +7,7 @@ stays the device pointer, and its location is ``cuda:N``. Where the bytes go thr
 mirror -> device after a READ landed. With GPUDirect RDMA the device pointer itself is registered
 and the RDMA transport reads and writes GPU memory without the mirror.
 
-:class:`DeviceBuffer` is what the engine calls; :mod:`transfer.cuda_memory` implements it for
+:class:`DeviceBuffer` is what the engine calls; :mod:`transfer.gpu.cuda_memory` implements it for
 torch and cupy, and tests implement it with ordinary memory (this machine has no GPU).
 """
 
@@ -40,7 +40,7 @@ def device_buffer_of(obj: Any) -> DeviceBuffer | None:
     """``obj`` as a DeviceBuffer when it is GPU memory, else None (host memory)."""
     if isinstance(obj, DeviceBuffer):
         return obj
-    from transfer.cuda_memory import cuda_buffer  # imports torch/cupy only for their objects
+    from transfer.gpu.cuda_memory import cuda_buffer  # imports torch/cupy only for their objects
 
     return cuda_buffer(obj)
 

@@ -18,8 +18,8 @@ import time
 from typing import Any, Sequence
 
 from transfer.errors import NotLeader, RpcError, RpcTimeout
-from transfer.etcd_kv import EtcdKV, EtcdUnavailable
-from transfer.rpc import Reply, RpcClient
+from transfer.etcd.kv import EtcdKV, EtcdUnavailable
+from transfer.rpc.client_server import Reply, RpcClient
 
 ETCD_SCHEME = "etcd://"
 DEFAULT_CLUSTER = "mooncake"

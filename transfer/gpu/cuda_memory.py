@@ -1,4 +1,4 @@
-"""The CUDA side of :class:`transfer.device_memory.DeviceBuffer`: torch CUDA tensors and cupy arrays.
+"""The CUDA side of :class:`transfer.gpu.device_memory.DeviceBuffer`: torch CUDA tensors and cupy arrays.
 
 torch and cupy are imported only when an object of theirs is registered (each costs seconds to
 import), and cupy only through the ``gpu`` extra. Copies are synchronous: a staged slice must be
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from transfer.device_memory import view_address
+from transfer.gpu.device_memory import view_address
 from transfer.errors import InvalidArgument
 
 # Kernel modules that let an RDMA NIC read and write GPU memory (GPUDirect RDMA).

@@ -1,4 +1,4 @@
-"""The real :class:`transfer.verbs.Verbs`: rdma-core's pyverbs. The only module importing pyverbs.
+"""The real :class:`transfer.rdma.verbs.Verbs`: rdma-core's pyverbs. The only module importing pyverbs.
 
 pyverbs is a Cython binding to the system's libibverbs, so it must be the build that matches
 that library: Debian's ``python3-pyverbs`` package. It lives in ``/usr/lib/python3/dist-packages``,
@@ -18,7 +18,7 @@ import logging
 import sys
 from typing import Any
 
-from transfer.verbs import (GidEntry, MemoryKeys, MTUS, Op, PortInfo, QpTarget, VerbsUnavailable,
+from transfer.rdma.verbs import (GidEntry, MemoryKeys, MTUS, Op, PortInfo, QpTarget, VerbsUnavailable,
                             ZERO_GID, Completion)
 
 SYSTEM_PACKAGES = "/usr/lib/python3/dist-packages"

@@ -21,7 +21,7 @@ from transfer.batch import OpCode
 from transfer.descriptor import Endpoint
 from transfer.errors import AddressNotRegistered
 from transfer.memory import MemoryRegistry
-from transfer.tcp_wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
+from transfer.tcp.wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
                                REQUEST, RESPONSE, PeerClosed, advance, recv_exact, recv_message,
                                send_all, send_message, tune)
 

@@ -14,9 +14,9 @@ from typing import Callable, Protocol
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
-from transfer.metadata_table import MetadataTable
-from transfer.leader import master_rpc
-from transfer.rpc import RpcClient
+from transfer.metadata.table import MetadataTable
+from transfer.etcd.leader import master_rpc
+from transfer.rpc.client_server import RpcClient
 
 P2P = "P2PHANDSHAKE"
 EXCHANGE_OP = "te.exchange"

@@ -19,7 +19,7 @@ from typing import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.tcp_wire import (MAX_GROUP, PeerClosed, Refused, ResponseReader, hello, request_group,
+from transfer.tcp.wire import (MAX_GROUP, PeerClosed, Refused, ResponseReader, hello, request_group,
                                send_all, tune)
 from transfer.transport import SliceSink
 

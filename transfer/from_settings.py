@@ -9,8 +9,8 @@ follows the matrix, and on a real address each NIC is one of the host's paths.
 from __future__ import annotations
 
 from transfer.engine import TransferEngine
-from transfer.etcd_metadata import engine_metadata
-from transfer.metadata_client import P2P
+from transfer.metadata.etcd_backend import engine_metadata
+from transfer.metadata.client import P2P
 from transfer.engine_options import EngineOptions
 from transfer.settings import Config
 

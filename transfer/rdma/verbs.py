@@ -1,7 +1,7 @@
 """The seam between the RDMA transport and a verbs library: the few calls the transport makes.
 
 The transport never imports pyverbs. It talks to a :class:`Verbs` provider: the real one is
-:mod:`transfer.verbs_pyverbs` (the only module that touches pyverbs); tests pass a stand-in that
+:mod:`transfer.rdma.verbs_pyverbs` (the only module that touches pyverbs); tests pass a stand-in that
 performs WRITE/READ as memory copies between registered regions. Both implement exactly this
 surface, so the code above it (probing, handshake, slicing, completions, retries) is the same.
 
