@@ -21,7 +21,7 @@ import time
 from typing import Any, ClassVar
 
 
-from daemons.paths import ClusterPaths, write_json_atomic
+from daemons.cluster.workdir import ClusterPaths, write_json_atomic
 from transfer.rpc.client_server import Reply, Request, RpcServer
 from transfer.settings import Config
 

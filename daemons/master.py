@@ -2,9 +2,9 @@
 
 It serves the transfer engine's segment-descriptor metadata service (``te.meta.*``), so every
 engine of the cluster finds its peers' buffers through it, and the store's object metadata
-(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`daemons.master_store`), and
+(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`store.master_service`), and
 the table through which daemons on other hosts find the conductor (``cluster.*``; see
-:mod:`daemons.service_registry`). It never touches object bytes. Its tick evicts above the
+:mod:`daemons.cluster.service_registry`). It never touches object bytes. Its tick evicts above the
 watermark and drops silent store clients.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from daemons.base import Daemon
-from daemons.ha_master import start_election
-from daemons.master_store import StoreService
-from daemons.service_registry import ServiceTable
+from daemons.ha.master_election import start_election
+from store.master_service import StoreService
+from daemons.cluster.service_registry import ServiceTable
 from transfer.metadata.table import MetadataTable, serve_metadata
 
 
@@ -23,7 +23,7 @@ class MasterDaemon(Daemon):
     role = "master"
     tick_interval = 0.05  # eviction and liveness react within 50 ms (Mooncake polls every 10 ms)
 
-    election = None  # with ha_backend etcd: this master's campaign (daemons.ha_master)
+    election = None  # with ha_backend etcd: this master's campaign (daemons.ha.master_election)
     oplog = None  # and its op-log writer
 
     def setup(self) -> None:

@@ -28,7 +28,7 @@ import yaml
 
 import topology
 from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStartFailed, WorkdirUnusable
-from daemons.paths import ClusterPaths, read_json, shm_prefix, write_json_atomic
+from daemons.cluster.workdir import ClusterPaths, read_json, shm_prefix, write_json_atomic
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient

@@ -1,4 +1,4 @@
-"""The master's store ops as typed Python calls (the client side of :mod:`daemons.master_store`).
+"""The master's store ops as typed Python calls (the client side of :mod:`store.master_service`).
 
 One :class:`transfer.rpc.client_server.RpcClient` underneath, so calls from many threads share one socket and
 may be in flight together. Errors come back as the store's typed exceptions; batch calls return,

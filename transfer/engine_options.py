@@ -25,7 +25,7 @@ class EngineOptions:
     rdma_gid_index: int = -1
     rdma_mtu: int = 0
     rdma_qps_per_endpoint: int = 2
-    shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.paths.shm_prefix(cluster_id)
+    shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
 
     @classmethod
     def from_config(cls, config: Config | None = None, **overrides: Any) -> "EngineOptions":

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
-from daemons.paths import ClusterPaths
+from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
 from transfer.rpc.client_server import RpcClient

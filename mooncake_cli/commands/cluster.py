@@ -9,8 +9,8 @@ from rich.table import Table
 
 from daemons import supervisor
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
-from daemons.paths import ClusterPaths
-from daemons.remote_status import remote_status
+from daemons.cluster.workdir import ClusterPaths
+from daemons.cluster.remote_status import remote_status
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, show_progress, stderr
 from transfer.errors import MooncakeError

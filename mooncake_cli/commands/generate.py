@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from daemons.serving_client import find_conductor, stream_completion
+from daemons.serving.client import find_conductor, stream_completion
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
 from transfer.errors import MooncakeError

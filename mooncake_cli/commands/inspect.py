@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from daemons.store_access import master_of
+from daemons.cluster.store_access import master_of
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
 from store.errors import MooncakeError

@@ -26,7 +26,7 @@ import yaml
 from typer.core import TyperCommand
 
 from daemons.master import MasterDaemon
-from daemons.paths import ClusterPaths, write_json_atomic
+from daemons.cluster.workdir import ClusterPaths, write_json_atomic
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.commands.start_role import preflight, spawn_in_background
 from mooncake_cli.output import JSON_HELP, emit, fail

@@ -5,7 +5,7 @@ runs the same class `mooncake up` starts, with the pidfile and announce records 
 `mooncake status` and `mooncake down` on that host see it. Every role finds its master with
 ``--master ADDR`` or ``--master etcd://host:port[,host:port][/cluster]`` (following the elected
 leader); without it, the master of the same workdir. With ``--master`` the conductor registers
-its addresses with the master and the workers find it there (:mod:`daemons.service_registry`),
+its addresses with the master and the workers find it there (:mod:`daemons.cluster.service_registry`),
 so no two roles need to share a workdir or a host. Before starting, the advertised address is
 checked: a loopback address advertised to a master or etcd on another host is refused.
 
@@ -27,8 +27,8 @@ import psutil
 import typer
 import yaml
 
-from daemons.advertise import check_reachable
-from daemons.paths import ClusterPaths, read_json, write_json_atomic
+from daemons.cluster.advertise import check_reachable
+from daemons.cluster.workdir import ClusterPaths, read_json, write_json_atomic
 from daemons.roles import DAEMON_CLASSES
 from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options

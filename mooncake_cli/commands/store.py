@@ -1,6 +1,6 @@
 """`mooncake put/get/rm/exists`: one object in the running cluster's store.
 
-Each command is a library store client for its lifetime (see daemons.store_access): a put moves
+Each command is a library store client for its lifetime (see daemons.cluster.store_access): a put moves
 the bytes from this process into the replicas' segments, a get moves them back, verified.
 """
 
@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from daemons.store_access import connect
+from daemons.cluster.store_access import connect
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, emit, fail, fail_on, stderr
 from store.errors import MooncakeError

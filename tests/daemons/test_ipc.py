@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from daemons.paths import ClusterPaths
+from daemons.cluster.workdir import ClusterPaths
 from daemons.supervisor import daemon_address, local_daemon_address
 from transfer.rpc.client_server import RpcClient
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemons.etcd_server import EtcdServer
+from daemons.ha.etcd_server import EtcdServer
 from tests.conftest import require_program
 
 

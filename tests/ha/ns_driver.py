@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from daemons.ha_scenario import payload, put_until_ok
+from daemons.ha.failover_scenario import payload, put_until_ok
 from store.client import StoreClient
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient

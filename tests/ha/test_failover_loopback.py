@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemons.ha_scenario import run_failover
+from daemons.ha.failover_scenario import run_failover
 from transfer.etcd.leader import MasterView
 
 pytestmark = pytest.mark.timeout(90)

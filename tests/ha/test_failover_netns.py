@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from daemons.etcd_server import EtcdServer
-from daemons.ha_scenario import Cluster, scenario_settings, wait_until
-from daemons.paths import read_json
+from daemons.ha.etcd_server import EtcdServer
+from daemons.ha.failover_scenario import Cluster, scenario_settings, wait_until
+from daemons.cluster.workdir import read_json
 from tests.conftest import require_program
 
 pytestmark = [pytest.mark.timeout(120),

@@ -12,7 +12,7 @@ import pytest
 
 from daemons.errors import ServiceNotRegistered
 from daemons.model import ByteTokenizer
-from daemons.service_registry import REFRESH_INTERVAL, ServiceRegistration, lookup_service
+from daemons.cluster.service_registry import REFRESH_INTERVAL, ServiceRegistration, lookup_service
 from tests.serving.helpers import Reference
 
 SMALL = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB"}

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from daemons.ha_oplog import OpLogWriter
-from daemons.master_store import StoreService
+from daemons.ha.oplog_writer import OpLogWriter
+from store.master_service import StoreService
 from store.objects import ReplicaTier, Segment
 from store.oplog import OpLogJournal
 from transfer.etcd.kv import EtcdKV

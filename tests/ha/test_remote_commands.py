@@ -12,7 +12,7 @@ import time
 import pytest
 
 from daemons.errors import ServiceNotRegistered
-from daemons.service_registry import SERVICE_TTL, ServiceRegistration, ServiceTable, lookup_service
+from daemons.cluster.service_registry import SERVICE_TTL, ServiceRegistration, ServiceTable, lookup_service
 from tests.conftest import Mooncake
 
 # The cluster's block size differs from the default (512), which is what a caller without the

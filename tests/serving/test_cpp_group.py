@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from daemons.cpp_group import PrefillGroup
+from daemons.workers.cpp.group import PrefillGroup
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, build_model, kv_layout
 from tests.model.conftest import prompt
 from transfer.settings import resolve

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from daemons.http_frontend import FrontEnd
+from daemons.serving.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer
-from daemons.serving import ServingService
+from daemons.serving.service import ServingService
 from tests.serving.helpers import metric, request
 from transfer.rpc.client_server import Request
 from transfer.settings import resolve

@@ -1,6 +1,6 @@
 """The prefill worker: prompt in, first token and KV (to decode and to the store) out.
 
-For each job (queued and reported as :mod:`daemons.prefill_jobs` says) it loads ``load_blocks``
+For each job (queued and reported as :mod:`daemons.workers.prefill_jobs` says) it loads ``load_blocks``
 leading prefix blocks from the store into its pages (layer 0 first, later layers while earlier
 ones compute), computes the rest of the prompt layer by layer, putting each layer's new full
 blocks in the store while the next layer computes, and writes every page of the prompt into the
@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 
 import topology
-from daemons.kv_sender import send_pages
+from daemons.workers.kv_sender import send_pages
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
-from daemons.paths import shm_prefix
-from daemons.prefill_jobs import Job, PrefillJobsDaemon
-from daemons.prefix_store import PrefixStore
-from daemons.serving_errors import PrefixLost
+from daemons.cluster.workdir import shm_prefix
+from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
+from daemons.workers.prefix_store import PrefixStore
+from daemons.serving.errors import PrefixLost
 from store.client import StoreClient
 
 

@@ -10,7 +10,7 @@ Leadership is judged locally and conservatively: the lease is counted from the m
 the refresh that renewed it was sent, so by the time etcd can let the key lapse this master
 already answers NOT_LEADER. A master that loses its lease never serves writes on the state it
 had; it drops that state and campaigns again as an empty standby. A newly elected master runs
-``on_elected`` (the op-log replay, :mod:`daemons.ha_oplog`) before it serves anything; if that
+``on_elected`` (the op-log replay, :mod:`daemons.ha.oplog_writer`) before it serves anything; if that
 fails it gives the key up again rather than serve a state it could not rebuild.
 """
 

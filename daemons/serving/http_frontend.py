@@ -1,6 +1,6 @@
 """The conductor's HTTP front end (standard library ``http.server``, one thread per connection).
 
-    POST /v1/completions   OpenAI-style completion (see daemons.completion_request); with
+    POST /v1/completions   OpenAI-style completion (see daemons.serving.completion_request); with
                            "stream": true, server-sent events, one chunk per token, then
                            "data: [DONE]". Extra key "mooncake": TTFT, TBT, prefix tokens
                            reused, which workers served it.
@@ -24,11 +24,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from daemons.completion_request import parse_completion
+from daemons.serving.completion_request import parse_completion
 from daemons.model import ByteTokenizer
-from daemons.serving import ServingService
-from daemons.serving_state import Flight
-from daemons.serving_errors import BadRequest, Rejected, ServingError
+from daemons.serving.service import ServingService
+from daemons.serving.state import Flight
+from daemons.serving.errors import BadRequest, Rejected, ServingError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ transfer engine picks the same paths as the daemons'.
 from __future__ import annotations
 
 import topology
-from daemons.paths import ClusterPaths, shm_prefix
+from daemons.cluster.workdir import ClusterPaths, shm_prefix
 from daemons.supervisor import cluster_info, local_daemon_address
 from store.client import StoreClient
 from transfer.settings import Config

@@ -1,11 +1,11 @@
 """The master's side of high availability: campaign on etcd, serve only while leading.
 
 With ``ha_backend = etcd`` the master registers its store and metadata ops behind a
-:class:`daemons.ha_election.LeaderGate`: as a standby (or a leader whose lease lapsed) it
+:class:`daemons.ha.election.LeaderGate`: as a standby (or a leader whose lease lapsed) it
 answers them NOT_LEADER, which sends clients back to etcd to find the leader. Losing the lease
-also throws the master's state away (see :mod:`daemons.ha_election` for why).
+also throws the master's state away (see :mod:`daemons.ha.election` for why).
 
-The op log (:mod:`daemons.ha_oplog`): the leader writes its store changes to etcd, and PutEnd
+The op log (:mod:`daemons.ha.oplog_writer`): the leader writes its store changes to etcd, and PutEnd
 answers only once its change is there; a new leader rebuilds the objects from the log before it
 serves, so an object acknowledged just before the old leader died is not lost even if its
 segment's owner had not heard of it yet.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from daemons.advertise import advertised
-from daemons.ha_election import Election, LeaderGate
-from daemons.ha_oplog import OpLogWriter
+from daemons.cluster.advertise import advertised
+from daemons.ha.election import Election, LeaderGate
+from daemons.ha.oplog_writer import OpLogWriter
 from store.oplog import OpLogJournal, record_adopted
 from transfer.errors import NotLeader
 from transfer.etcd.kv import EtcdKV

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from daemons.model import ByteTokenizer
-from daemons.serving_errors import BadRequest
+from daemons.serving.errors import BadRequest
 
 FIELDS = {"prompt", "max_tokens", "stream", "model", "temperature", "prefix_reuse"}
 

@@ -1,6 +1,6 @@
 """One process of a CPP prefill group: layers [a, b) of the model, its own KV pages, its own store.
 
-Protocol on the job pipe from the group (``daemons.cpp_group``), in order:
+Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in order:
 
     -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
     <- {"engine", "inbox"} | None    the next stage's (None on the last stage)
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from daemons.cpp_link import Inbox, Outbox
-from daemons.kv_sender import send_pages
+from daemons.workers.cpp.link import Inbox, Outbox
+from daemons.workers.kv_sender import send_pages
 from daemons.model import (BlockManager, KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
-from daemons.prefix_store import PrefixStore
-from daemons.serving_errors import PrefixLost
+from daemons.workers.prefix_store import PrefixStore
+from daemons.serving.errors import PrefixLost
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
 from transfer.settings import Config
@@ -82,7 +82,7 @@ class Stage:
             self.outbox = Outbox(self.engine, self.next_conn, peer["engine"], peer["inbox"], INBOX_SLOTS,
                                  slot_bytes, self.config.rpc_timeout)
         if with_store:
-            from daemons.store_access import connect, connect_to
+            from daemons.cluster.store_access import connect, connect_to
 
             self.store = connect_to(self.config, *with_store) if isinstance(with_store, tuple) else connect(self.config)
             self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())

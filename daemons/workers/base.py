@@ -2,7 +2,7 @@
 
 A worker finds the conductor through its announce file (``up`` starts the conductor first), or,
 started with ``--master`` on a host of its own, through the master's service table
-(:mod:`daemons.service_registry`), which it reads again every ``REFRESH_INTERVAL`` so that it
+(:mod:`daemons.cluster.service_registry`), which it reads again every ``REFRESH_INTERVAL`` so that it
 follows a conductor restarted elsewhere. It heartbeats to it every ``HEARTBEAT_INTERVAL``; the
 first heartbeat happens in :meth:`setup`, so a worker that `up` reports healthy is already
 registered. The heartbeat carries what the conductor schedules with (KV capacity, load) and
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from daemons.advertise import advertised
+from daemons.cluster.advertise import advertised
 from daemons.base import Daemon
 from daemons.model import build_model, kv_layout
-from daemons.paths import read_json
-from daemons.service_registry import REFRESH_INTERVAL, lookup_service
+from daemons.cluster.workdir import read_json
+from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 

@@ -3,7 +3,7 @@
 The local status reads the workdir's pidfiles; across hosts the master's address is all the caller
 has, so every row comes from what the master keeps: itself (its ``status``), the store clients
 it has met with their segments (``store.inspect``), and the services registered with it
-(:mod:`daemons.service_registry`). A row is alive when the master heard from it recently enough
+(:mod:`daemons.cluster.service_registry`). A row is alive when the master heard from it recently enough
 to rely on it: a store client while registered (the master drops one silent past its
 ``client_ttl``), a service within ``SERVICE_TTL``.
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from daemons.paths import ClusterPaths
-from daemons.service_registry import lookup_service
-from daemons.serving_errors import GenerationFailed, NoWorkers, Rejected, ServingError
+from daemons.cluster.workdir import ClusterPaths
+from daemons.cluster.service_registry import lookup_service
+from daemons.serving.errors import GenerationFailed, NoWorkers, Rejected, ServingError
 from daemons.supervisor import cluster_info
 from transfer.settings import Config
 

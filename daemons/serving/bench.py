@@ -19,8 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from daemons.serving_client import Completion, stream_completion
-from daemons.serving_errors import Rejected, ServingError
+from daemons.serving.client import Completion, stream_completion
+from daemons.serving.errors import Rejected, ServingError
 from scheduler.sim.trace import TraceRequest
 
 BOS = 256

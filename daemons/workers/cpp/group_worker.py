@@ -3,7 +3,7 @@
 This daemon is the group's front: it registers with the conductor as one prefill worker (its
 heartbeat says ``group_size`` and ``prefill_chunk``, so the conductor plans it with the CPP time
 model), takes ``prefill.run`` jobs like a plain worker, and runs each on its stage processes
-(:class:`daemons.cpp_group.PrefillGroup`), which it starts and stops with itself. The stages do
+(:class:`daemons.workers.cpp.group.PrefillGroup`), which it starts and stops with itself. The stages do
 the work: each loads its layers of the cached prefix from the store, computes its layers over
 the prompt's chunks, stores its layers' new blocks, and writes its layers' slice of every page
 into the decode worker's reserved pages. The KV never passes through this process or through
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemons.cpp_group import PrefillGroup
-from daemons.prefill_jobs import Job, PrefillJobsDaemon
+from daemons.workers.cpp.group import PrefillGroup
+from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
 
 
 class PrefillGroupDaemon(PrefillJobsDaemon):

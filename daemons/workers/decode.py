@@ -30,8 +30,8 @@ from typing import Any
 
 import topology
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
-from daemons.paths import shm_prefix
-from daemons.worker_base import WorkerDaemon
+from daemons.cluster.workdir import shm_prefix
+from daemons.workers.base import WorkerDaemon
 from transfer.from_settings import open_engine
 from transfer.errors import InvalidArgument, MooncakeError
 from transfer.memory import address_of

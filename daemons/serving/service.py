@@ -29,11 +29,11 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from daemons.completion_request import CompletionRequest
+from daemons.serving.completion_request import CompletionRequest
 from daemons.model import KVCacheFull
-from daemons.serving_errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
-from daemons.serving_metrics import ServingMetrics
-from daemons.serving_state import Flight, Worker, prefill_model
+from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
+from daemons.serving.metrics import ServingMetrics
+from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig

@@ -22,7 +22,7 @@ from daemons.model import KVCacheLayout
 from scheduler.block_hash import BlockKey, format_key
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
-from daemons.serving_errors import PrefixLost
+from daemons.serving.errors import PrefixLost
 from transfer.errors import MooncakeError
 
 

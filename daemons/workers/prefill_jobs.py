@@ -13,7 +13,7 @@ One thread takes jobs in order, runs :meth:`PrefillJobsDaemon.prefill` on each a
 
 ``stored_blocks`` counts the leading prompt blocks in the store once the job ends (loaded or put);
 the conductor records them as cached at this instance. A plain worker
-(:mod:`daemons.prefill_worker`) and a CPP group (:mod:`daemons.prefill_group_worker`) differ
+(:mod:`daemons.workers.prefill`) and a CPP group (:mod:`daemons.workers.cpp.group_worker`) differ
 only in how they prefill.
 """
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemons.worker_base import WorkerDaemon
+from daemons.workers.base import WorkerDaemon
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import Request
 

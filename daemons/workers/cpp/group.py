@@ -1,6 +1,6 @@
 """A CPP prefill group: X stage processes that together act as one prefill instance.
 
-The group starts the stages (``daemons.cpp_stage``), wires stage k's outbox to stage k+1's inbox
+The group starts the stages (``daemons.workers.cpp.stage``), wires stage k's outbox to stage k+1's inbox
 (their transfer-engine segments, exchanged once at start), and runs prompts: one longer than
 ``prefill_chunk`` new tokens goes to every stage as a pipelined job, a shorter one to stage 0
 alone. A job runs in two rounds: each stage loads the cached prefix of its layers and says how
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from daemons.cpp_stage import stage_main
+from daemons.workers.cpp.stage import stage_main
 from daemons.model import reusable_blocks
-from daemons.serving_errors import GenerationFailed
+from daemons.serving.errors import GenerationFailed
 from transfer.errors import TransferTimeout
 from transfer.settings import Config
 

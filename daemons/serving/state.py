@@ -1,7 +1,7 @@
 """What the conductor's request path keeps per worker and per request, and which time model a
 worker's heartbeat asks the policy to plan it with.
 
-:mod:`daemons.serving` drives these; they hold no sockets of their own beyond the worker's client.
+:mod:`daemons.serving.service` drives these; they hold no sockets of their own beyond the worker's client.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 
-from daemons.completion_request import CompletionRequest
+from daemons.serving.completion_request import CompletionRequest
 from scheduler.conductor import Conductor
 from scheduler.cpp import CppPrefillTimeModel
 from scheduler.types import Decision

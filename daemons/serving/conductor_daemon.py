@@ -1,17 +1,17 @@
 """The conductor daemon: the scheduler policy, live, with an HTTP front end.
 
-RPC operations the workers call (see :mod:`daemons.serving` for what each does)::
+RPC operations the workers call (see :mod:`daemons.serving.service` for what each does)::
 
     conductor.heartbeat     {"name", "role", "address", "kv_capacity_tokens", ...load}
-    conductor.prefill_done  a prefill worker's report (daemons.prefill_worker)
-    conductor.tokens        a decode worker's step (daemons.decode_worker)
+    conductor.prefill_done  a prefill worker's report (daemons.workers.prefill)
+    conductor.tokens        a decode worker's step (daemons.workers.decode)
 
 Its tick drops workers whose heartbeats stopped. The HTTP front end (``http_port``, 0: any free
 port) is announced as ``http_address`` in its announce record and cluster.json, which is how
 `mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
 size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
 both addresses and the block size with the master as the ``conductor`` service and keeps them
-registered (:mod:`daemons.service_registry`), so workers and `mooncake generate --master`
+registered (:mod:`daemons.cluster.service_registry`), so workers and `mooncake generate --master`
 on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size
 are all it needs to check prompts.
 """
@@ -23,12 +23,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemons.advertise import advertise_host, advertised
+from daemons.cluster.advertise import advertise_host, advertised
 from daemons.base import Daemon
-from daemons.http_frontend import FrontEnd
+from daemons.serving.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
-from daemons.serving import ServingService
-from daemons.service_registry import ServiceRegistration
+from daemons.serving.service import ServingService
+from daemons.cluster.service_registry import ServiceRegistration
 
 
 def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:

@@ -1,0 +1,1 @@
+"""The prefill and decode worker daemons, what they share, and the typed messages between them."""
