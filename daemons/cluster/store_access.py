@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import topology
 from daemons.cluster.workdir import ClusterPaths, shm_prefix
-from daemons.supervisor import cluster_info, local_daemon_address
+from daemons.cluster.directory import cluster_info, local_daemon_address
 from store.client import StoreClient
 from transfer.settings import Config
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from daemons.cluster.workdir import ClusterPaths
 from daemons.cluster.service_registry import lookup_service
 from daemons.serving.errors import GenerationFailed, NoWorkers, Rejected, ServingError
-from daemons.supervisor import cluster_info
+from daemons.cluster.directory import cluster_info
 from transfer.settings import Config
 
 

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
+from daemons.cluster.directory import daemon_address, local_daemon_address
 from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
@@ -43,8 +44,8 @@ def rpc(
         supervisor.up(cluster_config)
         paths = ClusterPaths.of(workdir)
         try:
-            endpoints = {"tcp": supervisor.daemon_address(paths, "master")}
-            local = supervisor.local_daemon_address(paths, "master")
+            endpoints = {"tcp": daemon_address(paths, "master")}
+            local = local_daemon_address(paths, "master")
             if local != endpoints["tcp"]:
                 endpoints["unix"] = local
             measured = {}

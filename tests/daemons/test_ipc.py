@@ -12,7 +12,7 @@ import time
 import psutil
 
 from daemons.cluster.workdir import ClusterPaths
-from daemons.supervisor import daemon_address, local_daemon_address
+from daemons.cluster.directory import daemon_address, local_daemon_address
 from transfer.rpc.client_server import RpcClient
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from daemons.supervisor import daemon_address
+from daemons.cluster.directory import daemon_address
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
 from store_cluster import FAST, client_for, paths_of
 from transfer.errors import UnknownOperation
