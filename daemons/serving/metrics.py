@@ -15,6 +15,12 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 Labels = tuple[tuple[str, str], ...]
+Series = tuple[str, Labels]
+
+
+def series(name: str, **labels: str) -> Series:
+    """The key of one time series (a metric and its labels), as counters and gauges are kept."""
+    return name, tuple(sorted(labels.items()))
 
 
 def _labels(labels: Labels) -> str:
@@ -44,10 +50,10 @@ class ServingMetrics:
         self.lock = threading.Lock()
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tbt = Histogram(TBT_BUCKETS)
-        self.counters: dict[tuple[str, Labels], float] = {}
+        self.counters: dict[Series, float] = {}
 
     def count(self, name: str, amount: float = 1, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
+        key = series(name, **labels)
         with self.lock:
             self.counters[key] = self.counters.get(key, 0) + amount
 
@@ -59,7 +65,7 @@ class ServingMetrics:
         with self.lock:
             self.tbt.observe(seconds)
 
-    def render(self, gauges: Callable[[], dict[tuple[str, Labels], float]]) -> str:
+    def render(self, gauges: Callable[[], dict[Series, float]]) -> str:
         """The exposition text; ``gauges`` reads the live values (queue lengths, batch sizes)."""
         lines = [
             "# HELP mooncake_ttft_seconds Time to first token, arrival at the conductor to first token.",
