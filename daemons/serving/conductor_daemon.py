@@ -80,7 +80,6 @@ class ConductorDaemon(Daemon):
     def describe(self) -> dict[str, Any]:
         if not hasattr(self, "http"):
             return {}
-        gauges = self.service.gauges()
+        workers = self.service.worker_counts()
         return {"http_address": self.http.url, "kv_block_tokens": self.config.kv_block_tokens,
-                "prefill_workers": int(gauges[("mooncake_workers", (("role", "prefill"),))]),
-                "decode_workers": int(gauges[("mooncake_workers", (("role", "decode"),))])}
+                "prefill_workers": workers["prefill"], "decode_workers": workers["decode"]}

@@ -86,8 +86,7 @@ class Handler(BaseHTTPRequestHandler):
             text = self.server.service.metrics.render(self.server.service.gauges)
             self._send(200, text.encode(), "text/plain; version=0.0.4")
         elif self.path == "/health":
-            gauges = self.server.service.gauges()
-            workers = {role: int(gauges[("mooncake_workers", (("role", role),))]) for role in ("prefill", "decode")}
+            workers = self.server.service.worker_counts()
             self._json(200 if all(workers.values()) else 503, {"ok": all(workers.values()), "workers": workers})
         else:
             self._json(404, _error_body(f"no route GET {self.path}", "not_found", 404))

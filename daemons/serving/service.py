@@ -27,12 +27,14 @@ import queue
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any, Iterator
 
 from daemons.serving.completion_request import CompletionRequest
 from daemons.model import KVCacheFull
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
-from daemons.serving.metrics import ServingMetrics
+from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
+from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
 from scheduler.conductor import Conductor
@@ -78,9 +80,9 @@ class ServingService:
         return {"ok": True}
 
     def prefill_done(self, request: Request) -> dict:
-        report = request.args
+        report = PrefillReport.from_wire(request.args)
         with self.lock:
-            flight = self.flights.get(report["request_id"])
+            flight = self.flights.get(report.request_id)
             if flight is None:
                 return {"known": False}
             flight.prefill_reported = True
@@ -93,13 +95,13 @@ class ServingService:
         return {"known": True}
 
     def tokens(self, request: Request) -> dict:
-        args = request.args
+        step = DecodeStep.from_wire(request.args)
         with self.lock:
-            routed = [(self.flights.get(rid), token, reason) for rid, token, reason in args["events"]]
-            self.conductor.observe_decode(args["batch"], args["context"], args["step_s"])
-        for flight, token, reason in routed:
+            routed = [(self.flights.get(event.request_id), event) for event in step.events]
+            self.conductor.observe_decode(step.batch, step.context, step.step_s)
+        for flight, event in routed:
             if flight is not None:
-                flight.events.put(("token", token, reason))
+                flight.events.put(("token", event.token, event.finish_reason))
         return {"ok": True}
 
     def check_liveness(self, now: float) -> None:
@@ -149,12 +151,11 @@ class ServingService:
             self.flights[request_id] = flight
             prefill, decode = self.workers[decision.prefill_id], self.workers[decision.decode_id]
         try:
-            flight.reservation = decode.client.call("decode.reserve", {
-                "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens})
-            prefill.client.call("prefill.run", {
-                "request_id": request_id, "token_ids": request.token_ids,
-                "load_blocks": decision.prefix_tokens // self.sched.block_tokens,
-                "store": request.prefix_reuse, "decode": flight.reservation})
+            flight.reservation = KvTarget.from_wire(decode.client.call("decode.reserve", {
+                "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens}))
+            prefill.client.call("prefill.run", PrefillJob(
+                request_id, request.token_ids, decision.prefix_tokens // self.sched.block_tokens,
+                request.prefix_reuse, flight.reservation).to_wire())
         except KVCacheFull as exc:
             self._finish(flight)
             self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
@@ -173,8 +174,8 @@ class ServingService:
         Closing the iterator early (client gone) cancels the request."""
         try:
             report = self._next(flight, "prefill")
-            if not report["ok"]:
-                raise GenerationFailed(f"prefill on {flight.decision.prefill_id} failed: {report['error']}")
+            if not report.ok:
+                raise GenerationFailed(f"prefill on {flight.decision.prefill_id} failed: {report.error}")
             first = self._prefilled(flight, report)
             started = self._call_decode(flight, "decode.start", {"request_id": flight.request_id,
                                                                  "first_token": first})
@@ -197,29 +198,28 @@ class ServingService:
         finally:
             self._finish(flight)
 
-    def _prefilled(self, flight: Flight, report: dict) -> int:
+    def _prefilled(self, flight: Flight, report: PrefillReport) -> int:
         """Book the finished prefill with the policy and admit the request to decode."""
         now, decision, size = time.monotonic(), flight.decision, self.sched.block_tokens
         flight.report, flight.ttft = report, now - flight.arrived
-        timings = report["timings"]
+        timings = report.timings
         with self.lock:
             self.conductor.prefill_finished(
                 flight.request_id, now, transfer_tokens=decision.transfer_tokens,
-                transfer_seconds=timings["load"] if decision.transfer_tokens else None)
-            flight.prefilled = True
-            self.conductor.observe_prefill(len(flight.request.token_ids), report["loaded_blocks"] * size,
-                                           timings["compute"], decision.prefill_id)
-            if report["stored_blocks"] and decision.prefill_id in self.conductor.prefill:
-                self.conductor.index.block_stored(decision.prefill_id, flight.keys[:report["stored_blocks"]])
+                transfer_seconds=timings.load if decision.transfer_tokens else None)
+            self.conductor.observe_prefill(len(flight.request.token_ids), report.loaded_blocks * size,
+                                           timings.compute, decision.prefill_id)
+            if report.stored_blocks:
+                self.conductor.blocks_stored(decision.prefill_id, flight.keys[:report.stored_blocks])
             admitted = self.conductor.admit_decode(flight.request_id, now)
         self.metrics.observe_ttft(flight.ttft)
         self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
-        self.metrics.count("mooncake_prefix_hit_tokens_total", report["loaded_blocks"] * size)
+        self.metrics.count("mooncake_prefix_hit_tokens_total", report.loaded_blocks * size)
         if admitted != decision.decode_id:
             # The KV sits in the planned instance's pages; elsewhere it would have to move again.
             self.metrics.count("mooncake_rejections_total", reason=REJECT_DECODE)
             raise Rejected(f"rejected after prefill: decode worker {decision.decode_id} is full", REJECT_DECODE)
-        return report["first_token"]
+        return report.first_token
 
     def _next(self, flight: Flight, kind: str) -> Any:
         try:
@@ -246,11 +246,7 @@ class ServingService:
         """Close the request's books and free what it holds, however it ended."""
         now, rid = time.monotonic(), flight.request_id
         with self.lock:
-            if rid in self.conductor.inflight:
-                if not flight.prefilled:
-                    self.conductor.prefill_finished(rid, now)
-                    self.conductor.forecast.landed(rid)
-                self.conductor.decode_finished(rid, now)
+            self.conductor.abandon(rid, now)
             free_now = not flight.completed and (flight.decode_started or flight.prefill_reported
                                                  or flight.prefill_gone)
             flight.orphaned = not flight.completed and not free_now and flight.reservation is not None
@@ -278,25 +274,29 @@ class ServingService:
             "request_id": flight.request_id, "ttft_s": flight.ttft,
             "tbt_s": sum(flight.gaps) / len(flight.gaps) if flight.gaps else None,
             "prompt_tokens": len(flight.request.token_ids),
-            "prefix_tokens": report.get("loaded_blocks", 0) * self.sched.block_tokens,
+            "prefix_tokens": (report.loaded_blocks if report else 0) * self.sched.block_tokens,
             "prefill": flight.decision.prefill_id, "decode": flight.decision.decode_id,
             "reason": flight.decision.reason, "transfer_from": flight.decision.transfer_from,
-            "timings": report.get("timings", {}),
+            "timings": asdict(report.timings) if report and report.timings else {},
         }
 
-    def gauges(self) -> dict:
+    def gauges(self) -> dict[Series, float]:
         with self.lock:
-            values = {("mooncake_inflight_requests", ()): len(self.flights)}
-            for name, q in self.conductor.prefill.items():
-                values[("mooncake_prefill_queue_length", (("instance", name),))] = q.num_queued
-            for name, batch in self.conductor.decode.items():
-                values[("mooncake_decode_batch_size", (("instance", name),))] = batch.batch
-            for role in ("prefill", "decode"):
-                values[("mooncake_workers", (("role", role),))] = sum(
-                    w.role == role for w in self.workers.values())
+            values = {series("mooncake_inflight_requests"): len(self.flights)}
+            for name, length in self.conductor.prefill_queue_lengths().items():
+                values[series("mooncake_prefill_queue_length", instance=name)] = length
+            for name, size in self.conductor.decode_batch_sizes().items():
+                values[series("mooncake_decode_batch_size", instance=name)] = size
+        for role, count in self.worker_counts().items():
+            values[series("mooncake_workers", role=role)] = count
         return values
+
+    def worker_counts(self) -> dict[str, int]:
+        """Live workers per role, prefill and decode."""
+        with self.lock:
+            return {role: sum(w.role == role for w in self.workers.values()) for role in ("prefill", "decode")}
 
     def capacity_tokens(self) -> int:
         """KV tokens the smallest decode worker holds: no request may need more."""
         with self.lock:
-            return min((b.kv_capacity for b in self.conductor.decode.values()), default=0)
+            return self.conductor.smallest_kv_capacity()

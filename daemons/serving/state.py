@@ -10,6 +10,7 @@ import queue
 from dataclasses import dataclass, field
 
 from daemons.serving.completion_request import CompletionRequest
+from daemons.serving.messages import KvTarget, PrefillReport
 from scheduler.conductor import Conductor
 from scheduler.cpp import CppPrefillTimeModel
 from scheduler.types import Decision
@@ -35,14 +36,13 @@ class Flight:
     arrived: float
     deadline: float
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    reservation: dict | None = None
+    reservation: KvTarget | None = None
     prefill_reported: bool = False
     prefill_gone: bool = False
-    prefilled: bool = False  # the conductor's books say so (prefill_finished called)
     decode_started: bool = False
     completed: bool = False
     orphaned: bool = False
-    report: dict = field(default_factory=dict)
+    report: PrefillReport | None = None
     token_ids: list[int] = field(default_factory=list)
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)

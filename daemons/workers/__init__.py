@@ -1,1 +1,2 @@
-"""The prefill and decode worker daemons, what they share, and the typed messages between them."""
+"""The prefill and decode worker daemons and what they share (their messages to and from the
+conductor are typed in daemons.serving.messages)."""

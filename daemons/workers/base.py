@@ -45,7 +45,7 @@ class WorkerDaemon(Daemon):
         # The address we give the conductor: with --master it may be on another host.
         self.address = advertised(self.server.address, self.config) if self.config.master else self.server.address
         self.conductor_address = self._conductor_address()
-        self.conductor = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
+        self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
         self.setup_worker()
         self.next_heartbeat = 0.0
         self.next_lookup = time.monotonic() + REFRESH_INTERVAL
@@ -66,7 +66,7 @@ class WorkerDaemon(Daemon):
 
     def teardown(self) -> None:
         if hasattr(self, "conductor"):
-            self.conductor.close()
+            self.conductor_client.close()
 
     def describe(self) -> dict[str, Any]:
         return self.load() if hasattr(self, "layout") else {}
@@ -93,8 +93,8 @@ class WorkerDaemon(Daemon):
             return
         if address != self.conductor_address:
             log.info("the conductor moved from %s to %s", self.conductor_address, address)
-            old, self.conductor_address = self.conductor, address
-            self.conductor = RpcClient(address, timeout=self.config.rpc_timeout)
+            old, self.conductor_address = self.conductor_client, address
+            self.conductor_client = RpcClient(address, timeout=self.config.rpc_timeout)
             old.close()
 
     def _heartbeat(self, strict: bool) -> None:
@@ -102,7 +102,7 @@ class WorkerDaemon(Daemon):
         beat = {"name": self.name, "role": self.role, "address": self.address,
                 "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size, **self.load()}
         try:
-            self.conductor.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))
+            self.conductor_client.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))
         except MooncakeError as exc:
             if strict:
                 raise

@@ -2,16 +2,16 @@
 
 Its KV cache lives in a shared-memory region registered with its transfer engine at start, so a
 prefill worker on this host copies pages straight in (TCP or RDMA from other hosts). Operations
-(from the conductor)::
+(from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
 
     decode.reserve {"request_id", "token_ids", "max_tokens"}
-        -> {"segment", "kv_address", "block_ids"}   pages for the request's whole life, so it
+        -> KvTarget {"segment", "kv_address", "block_ids"}  pages for the request's whole life, so it
                                                      never runs out mid-generation (KVCacheFull)
     decode.start   {"request_id", "first_token"}    the prefill wrote the pages: join the batch
         -> {"finish_reason"}                         set when the first token already ended it
     decode.release {"request_id"}                   cancel: leave the batch, free the pages
 
-After every step the batch loop reports the step's tokens (``conductor.tokens``)::
+After every step the batch loop reports the step's tokens (``conductor.tokens``, a DecodeStep)::
 
     {"events": [[request_id, token, finish_reason], ...], "step_s", "batch", "context"}
 
@@ -31,6 +31,7 @@ from typing import Any
 import topology
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
 from daemons.cluster.workdir import shm_prefix
+from daemons.serving.messages import DecodedToken, DecodeStep, KvTarget
 from daemons.workers.base import WorkerDaemon
 from transfer.from_settings import open_engine
 from transfer.errors import InvalidArgument, MooncakeError
@@ -65,7 +66,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
         self.loop.start()
 
     def load(self) -> dict[str, Any]:
-        return {"running": len(self.batcher.running), "waiting": len(self.batcher.waiting),
+        return {"running": self.batcher.num_running, "waiting": self.batcher.num_waiting,
                 "reserved": len(self.reserved), "free_blocks": self.pages.num_free_blocks}
 
     def teardown(self) -> None:
@@ -93,7 +94,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 raise InvalidArgument(f"request {seq.seq_id!r} already holds pages here")
             self.pages.allocate(seq, len(seq) + seq.max_tokens)  # KVCacheFull travels to the conductor
             self.reserved[seq.seq_id] = (seq, time.monotonic() + self.config.request_timeout)
-        return {"segment": self.engine.name, "kv_address": self.kv_address, "block_ids": list(seq.block_table)}
+        return KvTarget(self.engine.name, self.kv_address, list(seq.block_table)).to_wire()
 
     def _start(self, request: Request) -> dict:
         with self.cond:
@@ -114,15 +115,10 @@ class DecodeWorkerDaemon(WorkerDaemon):
         request_id = request.args["request_id"]
         with self.cond:
             entry = self.reserved.pop(request_id, None)
-            found = [entry[0]] if entry else [s for s in (*self.batcher.waiting, *self.batcher.running)
-                                                 if s.seq_id == request_id]
-            for seq in found:
-                if seq in self.batcher.running:
-                    self.batcher.running.remove(seq)
-                elif seq in self.batcher.waiting:
-                    self.batcher.waiting.remove(seq)
-                self.pages.deallocate(seq)
-        return {"released": bool(found)}
+            if entry is not None:
+                self.pages.deallocate(entry[0])
+                return {"released": True}
+            return {"released": self.batcher.cancel(request_id)}
 
     def _decode_loop(self) -> None:
         while not self.stop_requested.is_set():
@@ -135,9 +131,8 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 step_s, batch = time.monotonic() - began, len(events)
                 context = self.batcher.last_step_context
                 self.num_steps += 1
-            report = {"events": [[e.seq_id, e.token, e.finish_reason] for e in events],
-                      "step_s": step_s, "batch": batch, "context": context}
+            step = DecodeStep(step_s, batch, context, [DecodedToken(e.seq_id, e.token, e.finish_reason) for e in events])
             try:
-                self.conductor.call("conductor.tokens", report)
+                self.conductor_client.call("conductor.tokens", step.to_wire())
             except MooncakeError as exc:
                 log.warning("could not report %d token(s) to the conductor: %s", batch, exc)

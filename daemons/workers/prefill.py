@@ -16,6 +16,7 @@ import topology
 from daemons.workers.kv_sender import send_pages
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
 from daemons.cluster.workdir import shm_prefix
+from daemons.serving.messages import PrefillReport, PrefillTimings
 from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
 from daemons.workers.prefix_store import PrefixStore
 from daemons.serving.errors import PrefixLost
@@ -43,28 +44,28 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
             self.store.close()
         super().teardown()
 
-    def prefill(self, job: Job) -> dict:
-        args = job.args
-        seq = Sequence.from_prompt(args["request_id"], args["token_ids"], max_tokens=1)
+    def prefill(self, job: Job) -> PrefillReport:
+        spec = job.request
+        seq = Sequence.from_prompt(spec.request_id, spec.token_ids, max_tokens=1)
         self.pages.allocate(seq)
         try:
             try:
-                outcome = self._compute(seq, args["load_blocks"], args["store"])
+                report = self._compute(seq, spec.load_blocks, spec.store)
             except PrefixLost:
                 # The prefix went out of the store between layers: the pages hold a mix, so
                 # start over without it. (Rare: the master evicts least recently used first.)
                 seq.num_kv_tokens = 0
-                outcome = self._compute(seq, 0, args["store"])
-            decode = args["decode"]
+                report = self._compute(seq, 0, spec.store)
+            decode = spec.decode
             sent_at = time.monotonic()
-            kv_bytes = send_pages(self.store.engine, self.layout, self.kv_address, seq.block_table,
-                                  decode["segment"], decode["kv_address"], decode["block_ids"])
-            outcome["timings"]["transfer"] = time.monotonic() - sent_at
+            report.kv_bytes = send_pages(self.store.engine, self.layout, self.kv_address, seq.block_table,
+                                         decode.segment, decode.kv_address, decode.block_ids)
+            report.timings.transfer = time.monotonic() - sent_at
         finally:
             self.pages.deallocate(seq)
-        return {"request_id": args["request_id"], "ok": True, "kv_bytes": kv_bytes, **outcome}
+        return report
 
-    def _compute(self, seq: Sequence, load_blocks: int, store: bool) -> dict:
+    def _compute(self, seq: Sequence, load_blocks: int, store: bool) -> PrefillReport:
         size = self.layout.block_size
         keys = seq.block_keys(size, seed=self.config.block_hash_seed)
         began = time.monotonic()
@@ -94,6 +95,8 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
             raise
         computed = time.monotonic()
         stored = min(f.result() for f in stores) if stores else 0
-        return {"first_token": int(logits.argmax()), "loaded_blocks": hit, "stored_blocks": hit + stored,
-                "timings": {"load": computing - began + waited, "compute": computed - computing - waited,
-                            "store": time.monotonic() - computed}}
+        return PrefillReport(seq.seq_id, True, first_token=int(logits.argmax()), loaded_blocks=hit,
+                             stored_blocks=hit + stored,
+                             timings=PrefillTimings(load=computing - began + waited,
+                                                    compute=computed - computing - waited,
+                                                    store=time.monotonic() - computed))

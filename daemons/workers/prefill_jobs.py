@@ -1,12 +1,13 @@
 """What every prefill instance does around the prefill itself: a job queue and the report.
 
-Operation ``prefill.run`` (from the conductor) queues one job and answers at once::
+Operation ``prefill.run`` (from the conductor) queues one job (a PrefillJob of
+:mod:`daemons.serving.messages`) and answers at once::
 
     {"request_id", "token_ids": [int], "load_blocks": int, "store": bool,
      "decode": {"segment", "kv_address", "block_ids"}}
 
 One thread takes jobs in order, runs :meth:`PrefillJobsDaemon.prefill` on each and reports
-``conductor.prefill_done``::
+``conductor.prefill_done`` (a PrefillReport)::
 
     {"request_id", "ok", "error", "first_token", "loaded_blocks", "stored_blocks",
      "kv_bytes", "timings": {"queue", "load", "compute", "store", "transfer"}}
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from daemons.serving.messages import PrefillJob, PrefillReport
 from daemons.workers.base import WorkerDaemon
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import Request
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Job:
-    args: dict
+    request: PrefillJob
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -50,8 +52,8 @@ class PrefillJobsDaemon(WorkerDaemon):
         self.compute = threading.Thread(target=self._serve_jobs, name="prefill-compute", daemon=True)
         self.compute.start()
 
-    def prefill(self, job: Job) -> dict:
-        """The report of one job without ``queue`` (which this class adds)."""
+    def prefill(self, job: Job) -> PrefillReport:
+        """The report of one job without its ``queue`` timing (which this class adds)."""
         raise NotImplementedError
 
     def load(self) -> dict[str, Any]:
@@ -64,7 +66,7 @@ class PrefillJobsDaemon(WorkerDaemon):
             self.compute.join(timeout=self.config.drain_timeout)
 
     def _enqueue(self, request: Request) -> dict:
-        self.jobs.put(Job(request.args))
+        self.jobs.put(Job(PrefillJob.from_wire(request.args)))
         return {"queued": self.jobs.qsize()}
 
     def _serve_jobs(self) -> None:
@@ -72,13 +74,12 @@ class PrefillJobsDaemon(WorkerDaemon):
             started = time.monotonic()
             try:
                 report = self.prefill(job)
-                report["timings"]["queue"] = started - job.arrived
+                report.timings.queue = started - job.arrived
             except Exception as exc:  # report every failure: the client is waiting for this job
-                log.exception("prefill of %s failed", job.args.get("request_id"))
-                report = {"request_id": job.args.get("request_id"), "ok": False,
-                          "error": f"{type(exc).__name__}: {exc}"}
+                log.exception("prefill of %s failed", job.request.request_id)
+                report = PrefillReport.failed(job.request.request_id, f"{type(exc).__name__}: {exc}")
             self.num_done += 1
             try:
-                self.conductor.call("conductor.prefill_done", report)
+                self.conductor_client.call("conductor.prefill_done", report.to_wire())
             except MooncakeError as exc:
-                log.warning("could not report %s to the conductor: %s", report["request_id"], exc)
+                log.warning("could not report %s to the conductor: %s", report.request_id, exc)

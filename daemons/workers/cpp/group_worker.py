@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from daemons.serving.messages import PrefillReport, PrefillTimings
 from daemons.workers.cpp.group import PrefillGroup
 from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
 
@@ -35,11 +36,12 @@ class PrefillGroupDaemon(PrefillJobsDaemon):
             self.group.close()
         super().teardown()
 
-    def prefill(self, job: Job) -> dict:
-        args = job.args
-        result = self.group.prefill(args["token_ids"], load_blocks=args["load_blocks"], decode=args["decode"],
-                                    store="layer" if args["store"] else "none",
+    def prefill(self, job: Job) -> PrefillReport:
+        spec = job.request
+        result = self.group.prefill(spec.token_ids, load_blocks=spec.load_blocks, decode=spec.decode.to_wire(),
+                                    store="layer" if spec.store else "none",
                                     timeout=self.config.request_timeout)
-        return {"request_id": args["request_id"], "ok": True, "first_token": result["first_token"],
-                "loaded_blocks": result["loaded_blocks"], "stored_blocks": result["stored_blocks"],
-                "kv_bytes": result["kv_bytes"], "pipelined": result["pipelined"], "timings": result["timings"]}
+        return PrefillReport(spec.request_id, True, first_token=result["first_token"],
+                             loaded_blocks=result["loaded_blocks"], stored_blocks=result["stored_blocks"],
+                             kv_bytes=result["kv_bytes"], pipelined=result["pipelined"],
+                             timings=PrefillTimings(**result["timings"]))
