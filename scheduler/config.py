@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler.errors import SettingError
+
 POLICIES = ("random", "load", "cache", "kvcentric")
 ADMISSIONS = ("none", "early", "predictive")
 
@@ -44,8 +46,6 @@ class SchedulerConfig:
 
     @classmethod
     def from_config(cls, config: Any) -> "SchedulerConfig":
-        from transfer.errors import SettingError
-
         try:
             threshold = parse_threshold(config.kvcache_balancing_threshold)
         except ValueError:

@@ -10,7 +10,7 @@ from rich.table import Table
 from daemons.cluster.store_access import master_of
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
-from store.errors import MooncakeError
+from transfer.errors import MooncakeError
 from store.master_client import MasterClient
 
 VIEWS = ("counters", "segments", "objects", "clients", "key")

@@ -15,7 +15,7 @@ import typer
 from daemons.cluster.store_access import connect
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, emit, fail, fail_on, stderr
-from store.errors import MooncakeError
+from transfer.errors import MooncakeError
 
 
 def expand_soft_pin_value(argv: list[str]) -> list[str]:
