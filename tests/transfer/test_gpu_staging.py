@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_verbs import Fabric, FakeVerbs
+from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
 from transfer.gpu.device_memory import view_address
 from transfer.engine import TransferEngine

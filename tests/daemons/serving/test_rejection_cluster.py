@@ -8,7 +8,7 @@ import json
 
 from scheduler.types import REJECT_TTFT
 from tests.conftest import Mooncake
-from tests.serving.helpers import SERVING_ENV, metric, prompt, request
+from tests.daemons.serving.helpers import SERVING_ENV, metric, prompt, request
 
 
 def test_a_request_predicted_to_miss_the_ttft_slo_gets_429_with_retry_after(tmp_path):

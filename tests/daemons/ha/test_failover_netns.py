@@ -72,15 +72,15 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         leader = lambda: subprocess.run(  # noqa: E731
             [*on(ns_d), sys.executable, "-c", "import sys; from transfer.etcd.leader import MasterView; "
              "print(MasterView(sys.argv[1]).leader())", settings["master"]],
-            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3]).stdout.strip()
         wait_until(lambda: leader().startswith(f"tcp://{ip_a}:"), 20, "A leading", step=0.2)
         cluster.spawn("master", "master-b", on(ns_b), bind_host=ip_b)
         cluster.spawn("store-client", "store-client-c", on(ns_c), bind_host=ip_c)
         cluster.spawn("store-client", "store-client-d", on(ns_d), bind_host=ip_d)
         driver = subprocess.Popen([*on(ns_d), sys.executable, str(Path(__file__).with_name("ns_driver.py")),
                                    settings["master"], ip_d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, cwd=Path(__file__).resolve().parents[2],
-                                  env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                                  text=True, cwd=Path(__file__).resolve().parents[3],
+                                  env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
 
         def ask(command: str) -> dict:
             driver.stdin.write(command + "\n")

@@ -12,7 +12,7 @@ import torch
 
 from daemons.workers.cpp.group import PrefillGroup
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, build_model, kv_layout
-from tests.model.conftest import prompt
+from tests.daemons.model.conftest import prompt
 from transfer.settings import resolve
 
 BLOCK, CHUNK = 16, 32

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from daemons.model import (ByteTokenizer, CheckpointError, ModelConfig, build_model, build_tokenizer,
                            kv_layout, load_checkpoint, random_model, save_checkpoint)
-from tests.model.conftest import prompt
+from tests.daemons.model.conftest import prompt
 from transfer.settings import resolve
 
 

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from fake_verbs import Fabric, FakeVerbs
+from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
 from transfer.rdma import probe as rdma_probe
 from transfer.rdma import verbs_pyverbs

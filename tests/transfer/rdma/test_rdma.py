@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from fake_verbs import Fabric, FakeVerbs
+from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
 from transfer.batch import OpCode, Status, TransferRequest
 from transfer.engine import TransferEngine

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from transfer.errors import SegmentNotFound  # noqa: E402
 from transfer.rpc.client_server import Reply, RpcServer  # noqa: E402

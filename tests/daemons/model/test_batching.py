@@ -8,7 +8,7 @@ import pytest
 
 from daemons.model import (BlockManager, ContinuousBatcher, KVCache, KVCacheLayout, ModelConfig,
                            ModelRunner, Sequence, generate_reference, random_model)
-from tests.model.conftest import BLOCK, prompt
+from tests.daemons.model.conftest import BLOCK, prompt
 
 # The tiny model's weights with byte 233 as EOS: it comes up in one of the scenario's
 # continuations, so that request ends at EOS while the others run to max_tokens.

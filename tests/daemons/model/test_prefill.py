@@ -8,7 +8,7 @@ import torch
 from daemons.model import (BlockManager, ContinuousBatcher, KVCache, KVCacheLayout, ModelRunner,
                            Sequence, generate_reference, reusable_blocks)
 from scheduler.block_hash import prefix_block_keys
-from tests.model.conftest import BLOCK, prompt
+from tests.daemons.model.conftest import BLOCK, prompt
 
 
 def _worker(model, num_blocks=32):

@@ -9,7 +9,7 @@ import torch
 from daemons.model import (BlockManager, ContinuousBatcher, KVCache, KVCacheLayout, ModelRunner, Sequence,
                            StageModel, StageRunner, chunk_bounds, generate_reference, prefill_in_threads,
                            split_layers)
-from tests.model.conftest import BLOCK, prompt
+from tests.daemons.model.conftest import BLOCK, prompt
 
 CHUNK = 2 * BLOCK
 

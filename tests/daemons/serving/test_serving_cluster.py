@@ -19,7 +19,7 @@ from daemons.workers.prefix_store import object_key
 from daemons.cluster.store_access import connect
 from scheduler.block_hash import prefix_block_keys
 from tests.conftest import Mooncake
-from tests.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
+from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
                                    request, sse_events)
 from transfer.settings import resolve
 

@@ -13,7 +13,7 @@ import pytest
 from daemons.errors import ServiceNotRegistered
 from daemons.model import ByteTokenizer
 from daemons.cluster.service_registry import REFRESH_INTERVAL, ServiceRegistration, lookup_service
-from tests.serving.helpers import Reference
+from tests.daemons.serving.helpers import Reference
 
 SMALL = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB"}
 ROLES = ("store-client", "conductor", "prefill", "decode")

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.conftest import Mooncake
-from tests.serving.helpers import SERVING_ENV, Reference, complete, prompt
+from tests.daemons.serving.helpers import SERVING_ENV, Reference, complete, prompt
 
 BLOCK, CHUNK = 16, 32
 

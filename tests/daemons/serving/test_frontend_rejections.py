@@ -14,7 +14,7 @@ import pytest
 from daemons.serving.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer
 from daemons.serving.service import ServingService
-from tests.serving.helpers import metric, request
+from tests.daemons.serving.helpers import metric, request
 from transfer.rpc.client_server import Request
 from transfer.settings import resolve
 
