@@ -20,7 +20,8 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import psutil
 import yaml

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from daemons.base import Daemon
 from daemons.master import MasterDaemon

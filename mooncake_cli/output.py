@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
+from collections.abc import Callable
 
 import typer
 from rich.console import Console

@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from store import views
 from store.errors import InvalidParams

@@ -19,9 +19,9 @@ from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, 
 from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, MooncakeError, TooManyRequests,
                              TransferFailed, TransferTimeout)
+from transfer.batch import cut
 from transfer.memory import RegisteredBuffer
 from transfer.shm.transport import ShmTransport
-from transfer.batch import cut
 from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
 

@@ -28,7 +28,7 @@ class EngineOptions:
     shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
 
     @classmethod
-    def from_config(cls, config: Config | None = None, **overrides: Any) -> "EngineOptions":
+    def from_config(cls, config: Config | None = None, **overrides: Any) -> EngineOptions:
         """Options from resolved settings (defaults, env, file, flags), then ``overrides``."""
         config = config or resolve()
         values = {f.name: config[_SETTING.get(f.name, f.name)] for f in fields(cls)

@@ -9,9 +9,9 @@ follows the matrix, and on a real address each NIC is one of the host's paths.
 from __future__ import annotations
 
 from transfer.engine import TransferEngine
-from transfer.metadata.etcd_backend import engine_metadata
-from transfer.metadata.client import P2P
 from transfer.engine_options import EngineOptions
+from transfer.metadata.client import P2P
+from transfer.metadata.etcd_backend import engine_metadata
 from transfer.settings import Config
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from daemons.errors import ServiceNotRegistered
 from transfer.errors import MooncakeError

@@ -7,8 +7,8 @@ transfer engine picks the same paths as the daemons'.
 from __future__ import annotations
 
 import topology
-from daemons.cluster.workdir import ClusterPaths, shm_prefix
 from daemons.cluster.directory import cluster_info, local_daemon_address
+from daemons.cluster.workdir import ClusterPaths, shm_prefix
 from store.client import StoreClient
 from transfer.settings import Config
 

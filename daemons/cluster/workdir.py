@@ -25,7 +25,7 @@ class ClusterPaths:
     workdir: Path
 
     @classmethod
-    def of(cls, workdir: str | os.PathLike) -> "ClusterPaths":
+    def of(cls, workdir: str | os.PathLike) -> ClusterPaths:
         return cls(Path(workdir).expanduser().resolve())
 
     @property

@@ -20,7 +20,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from transfer.etcd.kv import EtcdKV, EtcdUnavailable
 from transfer.etcd.leader import master_view_key
@@ -44,7 +45,7 @@ class Election:
     def leading(self) -> bool:
         return self._lease is not None and time.monotonic() < self._valid_until
 
-    def start(self) -> "Election":
+    def start(self) -> Election:
         self._thread.start()
         return self
 

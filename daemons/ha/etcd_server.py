@@ -40,7 +40,7 @@ class EtcdServer:
     def endpoints(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def wait_ready(self, timeout: float = 15.0) -> "EtcdServer":
+    def wait_ready(self, timeout: float = 15.0) -> EtcdServer:
         kv = EtcdKV(self.endpoints, timeout=0.5)
         deadline = time.monotonic() + timeout
         while True:
@@ -50,7 +50,7 @@ class EtcdServer:
             except EtcdUnavailable:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"etcd did not start on {self.endpoints}")
+                    raise RuntimeError(f"etcd did not start on {self.endpoints}") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:

@@ -14,7 +14,8 @@ segment's owner had not heard of it yet.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from daemons.cluster.advertise import advertised
 from daemons.ha.election import Election, LeaderGate

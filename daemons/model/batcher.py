@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable
+from collections.abc import Hashable
 
 from daemons.model.block_manager import BlockManager
 from daemons.model.errors import KVCacheFull

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from daemons.cluster.workdir import ClusterPaths
-from daemons.cluster.service_registry import lookup_service
-from daemons.serving.errors import GenerationFailed, NoWorkers, Rejected, ServingError
 from daemons.cluster.directory import cluster_info
+from daemons.cluster.service_registry import lookup_service
+from daemons.cluster.workdir import ClusterPaths
+from daemons.serving.errors import GenerationFailed, NoWorkers, Rejected, ServingError
 from transfer.settings import Config
 
 

@@ -23,12 +23,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemons.cluster.advertise import advertise_host, advertised
 from daemons.base import Daemon
-from daemons.serving.http_frontend import FrontEnd
-from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
-from daemons.serving.service import ServingService
+from daemons.cluster.advertise import advertise_host, advertised
 from daemons.cluster.service_registry import ServiceRegistration
+from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
+from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.service import ServingService
 
 
 def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:

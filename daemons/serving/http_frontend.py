@@ -24,11 +24,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from daemons.serving.completion_request import parse_completion
 from daemons.model import ByteTokenizer
+from daemons.serving.completion_request import parse_completion
+from daemons.serving.errors import BadRequest, Rejected, ServingError
 from daemons.serving.service import ServingService
 from daemons.serving.state import Flight
-from daemons.serving.errors import BadRequest, Rejected, ServingError
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, flight: Flight) -> None:
         finish = None
         try:
-            for _, finish in self.server.service.generate(flight):
+            for _, finish in self.server.service.generate(flight):  # noqa: B007 (the last one is the reason)
                 pass
         except ServingError as exc:
             self._fail(exc)

@@ -28,10 +28,11 @@ import threading
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
-from daemons.serving.completion_request import CompletionRequest
 from daemons.model import KVCacheFull
+from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
 from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
 from daemons.serving.metrics import Series, ServingMetrics, series

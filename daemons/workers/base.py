@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from daemons.cluster.advertise import advertised
 from daemons.base import Daemon
-from daemons.model import build_model, kv_layout
-from daemons.cluster.workdir import read_json
+from daemons.cluster.advertise import advertised
 from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
+from daemons.cluster.workdir import read_json
+from daemons.model import build_model, kv_layout
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 

@@ -29,12 +29,12 @@ import time
 from typing import Any
 
 import topology
-from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
 from daemons.cluster.workdir import shm_prefix
+from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
 from daemons.serving.messages import DecodedToken, DecodeStep, KvTarget
 from daemons.workers.base import WorkerDaemon
-from transfer.from_settings import open_engine
 from transfer.errors import InvalidArgument, MooncakeError
+from transfer.from_settings import open_engine
 from transfer.memory import address_of
 from transfer.rpc.client_server import Request
 

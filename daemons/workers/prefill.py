@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 
 import topology
-from daemons.workers.kv_sender import send_pages
-from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
 from daemons.cluster.workdir import shm_prefix
+from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
+from daemons.serving.errors import PrefixLost
 from daemons.serving.messages import PrefillReport, PrefillTimings
+from daemons.workers.kv_sender import send_pages
 from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
 from daemons.workers.prefix_store import PrefixStore
-from daemons.serving.errors import PrefixLost
 from store.client import StoreClient
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from daemons.model import KVCacheLayout
+from daemons.serving.errors import PrefixLost
 from scheduler.block_hash import BlockKey, format_key
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
-from daemons.serving.errors import PrefixLost
 from transfer.errors import MooncakeError
 
 

@@ -12,8 +12,8 @@ from daemons.cluster.directory import daemon_address, local_daemon_address
 from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
-from transfer.rpc.client_server import RpcClient
 from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+from transfer.rpc.client_server import RpcClient
 
 app = typer.Typer(help="Measure speed against this machine's own limits.", no_args_is_help=True)
 

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
-from daemons.cluster.workdir import ClusterPaths
 from daemons.cluster.store_access import connect
+from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from store.bench import run_size

@@ -8,9 +8,9 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
-from daemons.errors import ClusterNotRunning, DaemonStartFailed
-from daemons.cluster.workdir import ClusterPaths
 from daemons.cluster.remote_status import remote_status
+from daemons.cluster.workdir import ClusterPaths
+from daemons.errors import ClusterNotRunning, DaemonStartFailed
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, fail_to_start, show_progress, stderr
 from transfer.errors import MooncakeError

@@ -17,7 +17,6 @@ then see it.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 from typer.core import TyperCommand
@@ -60,18 +59,18 @@ BOOL_GFLAGS = {"--enable_http_metadata_server"}
 @settings_options("cluster", "rpc", "store", "ha")
 def master(
     foreground: bool = typer.Option(False, "--foreground", help="Run in this process until SIGTERM or Ctrl-C."),
-    rpc_port: Optional[int] = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
+    rpc_port: int | None = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
                                      min=0, max=65535),
-    port: Optional[int] = _gflag("port", "Deprecated alias of --rpc_port.", min=0, max=65535),
-    rpc_address: Optional[str] = _gflag("rpc_address", "Address to bind (sets bind_host)."),
-    default_kv_lease_ttl: Optional[int] = _gflag("default_kv_lease_ttl", "Read lease in milliseconds (lease_ttl).", min=0),
-    default_kv_soft_pin_ttl: Optional[int] = _gflag("default_kv_soft_pin_ttl", "Soft pin in milliseconds (soft_pin_ttl).", min=0),
-    eviction_high_watermark_ratio: Optional[float] = _gflag("eviction_high_watermark_ratio",
+    port: int | None = _gflag("port", "Deprecated alias of --rpc_port.", min=0, max=65535),
+    rpc_address: str | None = _gflag("rpc_address", "Address to bind (sets bind_host)."),
+    default_kv_lease_ttl: int | None = _gflag("default_kv_lease_ttl", "Read lease in milliseconds (lease_ttl).", min=0),
+    default_kv_soft_pin_ttl: int | None = _gflag("default_kv_soft_pin_ttl", "Soft pin in milliseconds (soft_pin_ttl).", min=0),
+    eviction_high_watermark_ratio: float | None = _gflag("eviction_high_watermark_ratio",
                                                             "Usage ratio that starts eviction (high_watermark).", min=0),
     # Named apart from our settings of the same name, whose flags are --eviction-ratio, --client-ttl.
-    gflag_eviction_ratio: Optional[float] = _gflag("eviction_ratio", "Share of the pool one eviction frees.",
+    gflag_eviction_ratio: float | None = _gflag("eviction_ratio", "Share of the pool one eviction frees.",
                                                    min=0, max=1),
-    gflag_client_ttl: Optional[int] = _gflag("client_ttl", "Seconds of silence before a store client is dropped.",
+    gflag_client_ttl: int | None = _gflag("client_ttl", "Seconds of silence before a store client is dropped.",
                                              min=1),
     enable_http_metadata_server: bool = typer.Option(
         False, "--enable_http_metadata_server", help="Also serve Mooncake's HTTP metadata protocol "
@@ -79,7 +78,7 @@ def master(
     http_metadata_server_port: int = typer.Option(8080, "--http_metadata_server_port",
                                                   help="Port of the HTTP metadata server.", min=0, max=65535,
                                                   rich_help_panel="mooncake_master flags"),
-    http_metadata_server_host: Optional[str] = _gflag("http_metadata_server_host",
+    http_metadata_server_host: str | None = _gflag("http_metadata_server_host",
                                                       "Address of the HTTP metadata server (default: bind_host)."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,

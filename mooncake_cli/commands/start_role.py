@@ -17,7 +17,7 @@ prints its address.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import typer
 

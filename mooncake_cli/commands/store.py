@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -39,7 +38,7 @@ def expand_soft_pin_value(argv: list[str]) -> list[str]:
 def put(
     key: str = typer.Argument(..., help="Object key."),
     source: str = typer.Argument("-", help="File to store, or - for stdin."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", min=1,
+    replicas: int | None = typer.Option(None, "--replicas", min=1,
                                            help="Replicas on distinct segments, best effort [default: the replicas setting]."),
     soft_pin: bool = typer.Option(
         False, "--soft-pin", help="Evict this object last, for --soft-pin-ttl (--soft-pin=30m is the "
@@ -70,7 +69,7 @@ def put(
 @settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id")
 def get(
     key: str = typer.Argument(..., help="Object key."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
     *,
     config: Config,
 ) -> None:

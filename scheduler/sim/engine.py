@@ -11,7 +11,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 from scheduler.cache_index import POOL, CacheIndex
 from scheduler.conductor import Conductor

@@ -11,8 +11,8 @@ import time
 
 import psutil
 
-from daemons.cluster.workdir import ClusterPaths
 from daemons.cluster.directory import daemon_address, local_daemon_address
+from daemons.cluster.workdir import ClusterPaths
 from transfer.rpc.client_server import RpcClient
 
 

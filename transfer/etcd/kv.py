@@ -9,7 +9,8 @@ an election or a lookup. Every call has a deadline (``timeout``); failures raise
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import etcd3gw
 from etcd3gw import exceptions as etcd_errors

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
-from transfer.errors import NotLeader, RpcError, RpcTimeout
+from transfer.errors import NotLeader, RpcTimeout
 from transfer.etcd.kv import EtcdKV, EtcdUnavailable
 from transfer.rpc.client_server import Reply, RpcClient
 
@@ -129,7 +130,7 @@ class LeaderClient:
         for rpc in (*self._retired, self._rpc):
             rpc.close()
 
-    def __enter__(self) -> "LeaderClient":
+    def __enter__(self) -> LeaderClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

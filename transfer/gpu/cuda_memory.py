@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from transfer.gpu.device_memory import view_address
 from transfer.errors import InvalidArgument
+from transfer.gpu.device_memory import view_address
 
 # Kernel modules that let an RDMA NIC read and write GPU memory (GPUDirect RDMA).
 PEERMEM_MODULES = ("/sys/module/nvidia_peermem", "/sys/module/nv_peer_mem")
@@ -23,7 +23,7 @@ def gpudirect_available() -> bool:
     return any(os.path.isdir(path) for path in PEERMEM_MODULES)
 
 
-def cuda_buffer(obj: Any) -> "TorchCudaBuffer | CupyBuffer | None":
+def cuda_buffer(obj: Any) -> TorchCudaBuffer | CupyBuffer | None:
     module = type(obj).__module__
     if module.startswith("torch") and getattr(getattr(obj, "device", None), "type", None) == "cuda":
         return TorchCudaBuffer(obj)

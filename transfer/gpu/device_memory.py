@@ -14,7 +14,8 @@ torch and cupy, and tests implement it with ordinary memory (this machine has no
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
 
 
 @runtime_checkable

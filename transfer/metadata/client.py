@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
-from transfer.metadata.table import MetadataTable
 from transfer.etcd.leader import master_rpc
+from transfer.metadata.table import MetadataTable
 from transfer.rpc.client_server import RpcClient
 
 P2P = "P2PHANDSHAKE"

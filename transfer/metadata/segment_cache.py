@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import SegmentNotFound

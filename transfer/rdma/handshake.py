@@ -33,7 +33,7 @@ class QpInfo:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, data: Any) -> "QpInfo":
+    def from_wire(cls, data: Any) -> QpInfo:
         try:
             info = cls(str(data["gid"]), int(data["lid"]), int(data["qpn"]), int(data["psn"]),
                        int(data["mtu"]))

@@ -13,8 +13,8 @@ import resource
 from dataclasses import dataclass
 
 from transfer.errors import MemoryLockLimit
-from transfer.settings import format_size
 from transfer.rdma.verbs import MTUS, ZERO_GID, Device, GidEntry, PortInfo, Verbs, VerbsUnavailable
+from transfer.settings import format_size
 
 _CAP_IPC_LOCK = 14  # a process with this capability may pin memory past RLIMIT_MEMLOCK
 

@@ -18,23 +18,23 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from transfer.batch import OpCode, Slice
+from transfer.batch import cut
 from transfer.descriptor import BufferDesc, RdmaDeviceDesc, SegmentDescriptor
-from transfer.gpu.device_memory import view_address
 from transfer.errors import AddressNotRegistered, DeviceNotFound, InvalidArgument, MalformedMessage
+from transfer.gpu.device_memory import view_address
 from transfer.path_selection import PathSet
+from transfer.rdma import probe
+from transfer.rdma.device_selection import peer_device, rdma_matrix
 from transfer.rdma.endpoint import Endpoint, EndpointKey, Flight
 from transfer.rdma.handshake import CONNECT_OP, QpInfo, local_info, target_for
-from transfer.rdma.device_selection import peer_device, rdma_matrix
-from transfer.rdma import probe
 from transfer.rdma.probe import DevicePlan, check_memlock
+from transfer.rdma.verbs import Completion, Device, MemoryKeys, Op, QueuePair
 from transfer.rpc.client_server import Request, RpcClient
 from transfer.sieve import SieveCache
-from transfer.batch import cut
 from transfer.transport import SliceSink, Transport
-from transfer.rdma.verbs import Completion, Device, MemoryKeys, Op, QueuePair
 
 MAX_WR = 256  # outstanding work requests per QP (Mooncake's max_wr)
 _POLL_BATCH = 64

@@ -25,7 +25,7 @@ SYSTEM_PACKAGES = "/usr/lib/python3/dist-packages"
 _INSTALL_HINT = "install Debian's python3-pyverbs (apt-get install python3-pyverbs)"
 
 
-def load() -> "PyverbsVerbs":
+def load() -> PyverbsVerbs:
     """The pyverbs provider, or VerbsUnavailable saying precisely what is missing."""
     borrowed = SYSTEM_PACKAGES not in sys.path
     if borrowed:
@@ -66,7 +66,7 @@ class PyverbsVerbs:
             raise VerbsUnavailable("no RDMA device on this host (libibverbs lists none)")
         return [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in devices]
 
-    def open(self, name: str) -> "PyverbsDevice":
+    def open(self, name: str) -> PyverbsDevice:
         return PyverbsDevice(self, name)
 
     def mtu_bytes(self, enum_value: int) -> int:
@@ -120,7 +120,7 @@ class PyverbsDevice:
     def deregister(self, handle: object) -> None:
         handle.close()  # type: ignore[attr-defined]
 
-    def create_qp(self, max_wr: int) -> "PyverbsQueuePair":
+    def create_qp(self, max_wr: int) -> PyverbsQueuePair:
         return PyverbsQueuePair(self, max_wr)
 
     def poll(self, max_entries: int) -> list[Completion]:

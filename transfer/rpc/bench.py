@@ -18,7 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import zmq
 
@@ -132,7 +133,7 @@ class RawEchoServer:
     def __init__(self, socket_dir: str, spin: float = 0.0) -> None:
         self.socket_dir, self.spin = socket_dir, spin
 
-    def __enter__(self) -> "RawEchoServer":
+    def __enter__(self) -> RawEchoServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "transfer.rpc.bench", str(Path(self.socket_dir) / "raw-echo.sock"),
              str(self.spin)],

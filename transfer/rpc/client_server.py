@@ -33,7 +33,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import msgpack
 import zmq
@@ -143,7 +144,7 @@ class RpcServer:
     def register(self, op: str, handler: Handler, *, blocking: bool = False) -> None:
         self._handlers[op] = (handler, blocking)
 
-    def start(self) -> "RpcServer":
+    def start(self) -> RpcServer:
         self._thread = threading.Thread(target=self._loop, name="rpc-server", daemon=True)
         self._thread.start()
         return self
@@ -389,7 +390,7 @@ def _parse_header(header_bytes: bytes) -> dict:
 class PendingCall:
     """A request in flight; :meth:`wait` returns its Reply or raises its typed error."""
 
-    def __init__(self, client: "RpcClient", request_id: int, op: str, deadline: float) -> None:
+    def __init__(self, client: RpcClient, request_id: int, op: str, deadline: float) -> None:
         self.client, self.id, self.op, self.deadline = client, request_id, op, deadline
 
     def wait(self) -> Reply:
@@ -481,7 +482,7 @@ class RpcClient:
         if self._closed:
             raise RpcError(f"{op}: the client to {self.address} was closed")
 
-    def __enter__(self) -> "RpcClient":
+    def __enter__(self) -> RpcClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -20,9 +20,10 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
-from transfer.errors import MalformedMessage, MessageTooLarge, RpcError, RpcTimeout
+from transfer.errors import MalformedMessage, RpcError, RpcTimeout
 
 SCHEME = "unix://"
 

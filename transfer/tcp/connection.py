@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
@@ -29,7 +29,7 @@ _MAX_BYTES_PER_SEND = 8 << 20
 class Connection:
     def __init__(self, peer: SegmentDescriptor, nic: str, local_host: str | None,
                  remote: Endpoint, sink: SliceSink, handshake_timeout: float,
-                 on_dead: Callable[["Connection"], None]) -> None:
+                 on_dead: Callable[[Connection], None]) -> None:
         self.peer, self.nic, self.local_host, self.remote = peer, nic, local_host, remote
         self._sink, self._handshake_timeout, self._on_dead = sink, handshake_timeout, on_dead
         self._cv = threading.Condition()

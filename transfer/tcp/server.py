@@ -15,7 +15,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint

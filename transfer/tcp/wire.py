@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import msgpack
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from daemons.workers.cpp.stage import stage_main
 from daemons.model import reusable_blocks
 from daemons.serving.errors import GenerationFailed
+from daemons.workers.cpp.stage import stage_main
 from transfer.errors import TransferTimeout
 from transfer.settings import Config
 
@@ -62,7 +62,7 @@ class PrefillGroup:
             self.close()
             raise
 
-    def __enter__(self) -> "PrefillGroup":
+    def __enter__(self) -> PrefillGroup:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -36,8 +36,8 @@ from daemons.workers.cpp.link import Inbox, Outbox
 from daemons.workers.kv_sender import send_pages
 from daemons.model import (BlockManager, KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
-from daemons.workers.prefix_store import PrefixStore
 from daemons.serving.errors import PrefixLost
+from daemons.workers.prefix_store import PrefixStore
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
 from transfer.settings import Config

@@ -7,8 +7,8 @@ import pytest
 
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
-from transfer.metadata.etcd_backend import EtcdMetadata, engine_metadata, segments_prefix
 from transfer.etcd.kv import EtcdKV
+from transfer.metadata.etcd_backend import EtcdMetadata, engine_metadata, segments_prefix
 from transfer.settings import resolve
 
 pytestmark = pytest.mark.timeout(60)

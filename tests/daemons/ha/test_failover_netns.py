@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from daemons.cluster.workdir import read_json
 from daemons.ha.etcd_server import EtcdServer
 from daemons.ha.failover_scenario import Cluster, scenario_settings, wait_until
-from daemons.cluster.workdir import read_json
 from tests.conftest import require_program
 
 pytestmark = [pytest.mark.timeout(120),
@@ -39,12 +39,14 @@ def hosts():
     hub = f"{tag}-hub"
     created = []
     try:
-        ip("netns", "add", hub); created.append(hub)
+        ip("netns", "add", hub)
+        created.append(hub)
         ip("link", "add", "br0", "type", "bridge", ns=hub)
         ip("link", "set", "br0", "up", ns=hub)
         for i, node in enumerate(NODES, 1):
             ns = f"{tag}-{node}"
-            ip("netns", "add", ns); created.append(ns)
+            ip("netns", "add", ns)
+            created.append(ns)
             ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{node}", "netns", hub, ns=hub)
             ip("link", "set", f"p{node}", "master", "br0", "up", ns=hub)
             ip("addr", "add", f"10.77.0.{i}/24", "dev", "eth0", ns=ns)

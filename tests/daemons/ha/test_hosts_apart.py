@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from daemons.cluster.service_registry import REFRESH_INTERVAL, ServiceRegistration, lookup_service
 from daemons.errors import ServiceNotRegistered
 from daemons.model import ByteTokenizer
-from daemons.cluster.service_registry import REFRESH_INTERVAL, ServiceRegistration, lookup_service
 from tests.daemons.serving.helpers import Reference
 
 SMALL = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB"}

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from daemons.errors import ServiceNotRegistered
 from daemons.cluster.service_registry import SERVICE_TTL, ServiceRegistration, ServiceTable, lookup_service
+from daemons.errors import ServiceNotRegistered
 from tests.conftest import Mooncake
 
 # The cluster's block size differs from the default (512), which is what a caller without the

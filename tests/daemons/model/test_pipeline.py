@@ -73,7 +73,7 @@ def test_pipeline_equals_single_worker(model, length, stages):
                 assert runner.kv_cache.export_block(mine, layer) == kv.export_block(theirs, layer)
         assert stage_seq.num_kv_tokens == length
     # Each (layer, chunk) reported the full pages that chunk filled: all full blocks once per layer.
-    per_layer = {layer: sum(n for l, n in seen if l == layer) for layer, _ in seen}
+    per_layer = {layer: sum(n for at, n in seen if at == layer) for layer, _ in seen}
     assert per_layer == {layer: length // BLOCK for layer in range(model.config.num_layers)}
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from daemons.workers.cpp.group import PrefillGroup
 from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, build_model, kv_layout
+from daemons.workers.cpp.group import PrefillGroup
 from tests.daemons.model.conftest import prompt
 from transfer.settings import resolve
 

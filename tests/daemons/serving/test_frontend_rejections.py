@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from daemons.serving.http_frontend import FrontEnd
 from daemons.model import ByteTokenizer
+from daemons.serving.http_frontend import FrontEnd
 from daemons.serving.service import ServingService
 from tests.daemons.serving.helpers import metric, request
 from transfer.rpc.client_server import Request

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from daemons.cluster.store_access import connect
 from daemons.model import KVCache, KVCacheLayout, ModelRunner, Sequence
 from daemons.workers.prefix_store import object_key
-from daemons.cluster.store_access import connect
 from scheduler.block_hash import prefix_block_keys
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,

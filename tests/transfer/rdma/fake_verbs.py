@@ -22,7 +22,7 @@ class Fabric:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.regions: dict[int, tuple[int, int]] = {}  # key -> (address, length)
-        self.qps: dict[int, "FakeQueuePair"] = {}
+        self.qps: dict[int, FakeQueuePair] = {}
         self.broken: set[tuple[str, str]] = set()  # (host, device)
         self.posts: list[tuple[str, str, int]] = []  # (host, device, length) of every WR
         self.hold = threading.Event()  # set: completions wait in the queue until cleared
@@ -48,7 +48,7 @@ class FakeVerbs:
             raise VerbsUnavailable("no RDMA device on this host (libibverbs lists none)")
         return list(self.devices)
 
-    def open(self, name: str) -> "FakeDevice":
+    def open(self, name: str) -> FakeDevice:
         device = FakeDevice(self, name)
         self.opened.append(device)
         return device
@@ -83,7 +83,7 @@ class FakeDevice:
         with self.fabric.lock:
             self.fabric.regions.pop(handle, None)
 
-    def create_qp(self, max_wr: int) -> "FakeQueuePair":
+    def create_qp(self, max_wr: int) -> FakeQueuePair:
         qp = FakeQueuePair(self)
         with self.fabric.lock:
             self.fabric.qps[qp.qpn] = qp

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
-from transfer.rdma import probe as rdma_probe
-from transfer.rdma import verbs_pyverbs
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
 from transfer.errors import DeviceNotFound, MemoryLockLimit
 from transfer.memory import address_of
+from transfer.rdma import probe as rdma_probe
+from transfer.rdma import verbs_pyverbs
 from transfer.rdma.verbs import GidEntry, VerbsUnavailable
 
 MiB = 1 << 20

@@ -65,7 +65,7 @@ def raw_exchange(path: str, data: bytes) -> tuple[dict | None, bool]:
         sock.settimeout(0.5)
         try:
             closed = sock.recv(65536) == b""
-        except socket.timeout:
+        except TimeoutError:
             closed = False
         return header, closed
     finally:
