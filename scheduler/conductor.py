@@ -83,6 +83,11 @@ class Conductor:
     def add_decode(self, instance_id: str, kv_capacity_tokens: int) -> None:
         self.decode.setdefault(instance_id, DecodeBatch(instance_id, kv_capacity_tokens))
 
+    def group_model(self, stages: int, chunk: int) -> CppPrefillTimeModel:
+        """The time model a CPP group of ``stages`` prefilling ``chunk`` tokens per chunk plans
+        with, built on the shared single-worker model (so it follows that model's refits)."""
+        return CppPrefillTimeModel(self.prefill_model, stages, chunk)
+
     def remove_instance(self, instance_id: str) -> None:
         self.prefill.pop(instance_id, None)
         self.decode.pop(instance_id, None)

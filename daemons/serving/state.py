@@ -54,4 +54,4 @@ def prefill_model(conductor: Conductor, beat: dict) -> CppPrefillTimeModel | Non
     stages = beat.get("group_size", 1)
     if stages <= 1:
         return None
-    return CppPrefillTimeModel(conductor.prefill_model, stages, beat["prefill_chunk"])
+    return conductor.group_model(stages, beat["prefill_chunk"])
