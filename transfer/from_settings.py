@@ -1,4 +1,5 @@
-"""The transfer engine a store client moves object bytes with, set up from the settings.
+"""A transfer engine set up from the settings: the one a store client moves object bytes with,
+and the one a decode worker receives KV pages through.
 
 Its segment descriptor is published where ``metadata_backend`` says: the master's metadata
 service (the default: the master is the one service a cluster needs), etcd, or nowhere (P2P).
