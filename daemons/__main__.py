@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from daemons.paths import ClusterPaths
+from daemons.cluster.workdir import ClusterPaths
 from daemons.roles import DAEMON_CLASSES
 from transfer.settings import resolve
 

@@ -21,8 +21,8 @@ import time
 from typing import Any, ClassVar
 
 
-from daemons.paths import ClusterPaths, write_json_atomic
-from transfer.rpc import Reply, Request, RpcServer
+from daemons.cluster.workdir import ClusterPaths, write_json_atomic
+from transfer.rpc.client_server import Reply, Request, RpcServer
 from transfer.settings import Config
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Daemon:
     def _bind_ipc(self) -> str | None:
         """Also listen on the Unix stream socket ``<workdir>/run/<name>.sock``: a client on this
         host skips both ZeroMQ I/O threads and the TCP stack, well over half a round trip
-        (:mod:`transfer.rpc_stream`). ``address`` stays the TCP endpoint, what other hosts use.
+        (:mod:`transfer.rpc.stream`). ``address`` stays the TCP endpoint, what other hosts use.
         A bind that fails (a workdir path too long for a Unix socket, a file system without
         sockets) leaves the daemon on TCP alone. A file left by a killed predecessor is replaced."""
         path = self.paths.ipc_socket(self.name)

@@ -40,3 +40,8 @@ class ProgramMissing(MooncakeError):
     def __init__(self, program: str, package: str) -> None:
         self.program, self.package = program, package
         super().__init__(f"{program} is not installed (Debian: apt-get install {package})")
+
+
+class MetadataServerUnavailable(MooncakeError):
+    """The HTTP metadata server a master was asked to run beside it could not bind its address."""
+    code, name = -1007, "METADATA_SERVER_UNAVAILABLE"

@@ -2,29 +2,41 @@
 
 It serves the transfer engine's segment-descriptor metadata service (``te.meta.*``), so every
 engine of the cluster finds its peers' buffers through it, and the store's object metadata
-(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`daemons.master_store`), and
+(``store.*``: segments, replicas, leases, pins, eviction; see :mod:`store.master_service`), and
 the table through which daemons on other hosts find the conductor (``cluster.*``; see
-:mod:`daemons.service_registry`). It never touches object bytes. Its tick evicts above the
+:mod:`daemons.cluster.service_registry`). It never touches object bytes. Its tick evicts above the
 watermark and drops silent store clients.
+
+Started on its own (`mooncake start master`, :func:`run_master`) it may also serve Mooncake's
+HTTP metadata protocol (:mod:`transfer.metadata.http_backend`) from the same process, for
+transfer engines given ``metadata_server="http://host:port/metadata"``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from daemons.base import Daemon
-from daemons.ha_master import start_election
-from daemons.master_store import StoreService
-from daemons.service_registry import ServiceTable
-from transfer.metadata_table import MetadataTable, serve_metadata
+from daemons.cluster.service_registry import ServiceTable
+from daemons.cluster.workdir import ClusterPaths
+from daemons.errors import MetadataServerUnavailable
+from daemons.ha.master_election import start_election
+from daemons.launcher import run_in_foreground
+from store.master_service import StoreService
+from transfer.metadata.http_backend import HttpMetadataServer
+from transfer.metadata.table import MetadataTable, serve_metadata
+from transfer.settings import Config
 
 
 class MasterDaemon(Daemon):
     role = "master"
     tick_interval = 0.05  # eviction and liveness react within 50 ms (Mooncake polls every 10 ms)
 
-    election = None  # with ha_backend etcd: this master's campaign (daemons.ha_master)
+    election = None  # with ha_backend etcd: this master's campaign (daemons.ha.master_election)
     oplog = None  # and its op-log writer
+    http_metadata_url = ""  # the HTTP metadata server run beside it (run_master), if any
 
     def setup(self) -> None:
         if self.config.ha_backend == "etcd":
@@ -52,5 +64,29 @@ class MasterDaemon(Daemon):
 
     def describe(self) -> dict[str, Any]:
         ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}
+        http = {"http_metadata_server": self.http_metadata_url} if self.http_metadata_url else {}
         return {"num_segment_descriptors": len(self.segment_descriptors.names()),
-                **self.store.describe(), **ha}
+                **self.store.describe(), **ha, **http}
+
+
+def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: tuple[str, int] | None) -> int:
+    """One master in this process (`mooncake start master --foreground`), founding the
+    workdir's cluster, with an HTTP metadata server on ``http`` (host, port) beside it if asked."""
+    paths.workdir.mkdir(parents=True, exist_ok=True)
+    paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    try:
+        metadata = HttpMetadataServer(*http) if http else None
+    except OSError as exc:
+        raise MetadataServerUnavailable(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}") from None
+
+    def make(cluster_id: str) -> MasterDaemon:
+        daemon = MasterDaemon(name, paths, config, cluster_id, port)
+        daemon.http_metadata_url = metadata.url if metadata else ""
+        return daemon
+
+    try:
+        return run_in_foreground(paths, "master", name, make, founds_cluster=True,
+                                 entry={"http_metadata_server": metadata.url} if metadata else {})
+    finally:
+        if metadata is not None:
+            metadata.close()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from daemons.base import Daemon
 from daemons.master import MasterDaemon
@@ -26,17 +27,17 @@ def _imported_at_start(module: str, name: str) -> Callable[..., Daemon]:
 def _prefill(name: str, paths: Any, config: Config, *args: Any) -> Daemon:
     """A plain prefill worker, or a CPP group of ``prefill_group_size`` stage processes that
     the conductor sees as one prefill instance."""
-    module, cls = (("daemons.prefill_group_worker", "PrefillGroupDaemon") if config.prefill_group_size > 1
-                   else ("daemons.prefill_worker", "PrefillWorkerDaemon"))
+    module, cls = (("daemons.workers.cpp.group_worker", "PrefillGroupDaemon") if config.prefill_group_size > 1
+                   else ("daemons.workers.prefill", "PrefillWorkerDaemon"))
     return _imported_at_start(module, cls)(name, paths, config, *args)
 
 
 DAEMON_CLASSES: dict[str, Callable[..., Daemon]] = {
     MasterDaemon.role: MasterDaemon,
     StoreClientDaemon.role: StoreClientDaemon,
-    "conductor": _imported_at_start("daemons.conductor", "ConductorDaemon"),
+    "conductor": _imported_at_start("daemons.serving.conductor_daemon", "ConductorDaemon"),
     "prefill": _prefill,
-    "decode": _imported_at_start("daemons.decode_worker", "DecodeWorkerDaemon"),
+    "decode": _imported_at_start("daemons.workers.decode", "DecodeWorkerDaemon"),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import topology
 from daemons.base import Daemon
-from daemons.paths import read_json, shm_prefix
+from daemons.cluster.workdir import read_json, shm_prefix
 from store.client import StoreClient
 
 

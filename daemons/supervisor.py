@@ -1,24 +1,18 @@
 """Start, inspect and stop the daemons of a single-host cluster (`mooncake up/status/down`).
 
-`up` spawns each daemon of :func:`daemons.roles.cluster_plan` in order as its own session
-(so a terminal's Ctrl-C does not reach it), waits until it answers ``health``, and only then
-starts the next. If one fails within ``start_timeout`` it reports which and the tail of its
-log, and stops every daemon it started. `down` sends SIGTERM, waits ``stop_grace``, then
+`up` starts each daemon of :func:`daemons.roles.cluster_plan` in order through the launcher
+(:mod:`daemons.launcher`: its own session, its pidfile, waiting until it answers ``health``), and
+only then starts the next. If one fails within ``start_timeout`` it reports which and the tail of
+its log, and stops every daemon it started. `down` sends SIGTERM, waits ``stop_grace``, then
 SIGKILL, and removes the pidfiles, records and shared memory of the cluster.
-
-A pidfile holds the pid *and* the process start time: a pid reused by an unrelated process
-after a crash is never mistaken for a live daemon, and never signalled.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,14 +21,16 @@ import psutil
 import yaml
 
 import topology
-from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, DaemonStartFailed, WorkdirUnusable
-from daemons.paths import ClusterPaths, read_json, shm_prefix, write_json_atomic
+from daemons.cluster.directory import cluster_info
+from daemons.cluster.workdir import ClusterPaths, read_json, shm_prefix
+from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, WorkdirUnusable
+from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap, spawn,
+                              wait_healthy, write_cluster_record, write_pidfile)
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import Config
 
-LOG_TAIL_LINES = 20
 SHM_DIR = Path("/dev/shm")
 
 
@@ -53,46 +49,6 @@ class DaemonState:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def _process_if_alive(record: dict | None) -> psutil.Process | None:
-    """The live process a pidfile record names, or None (dead, zombie, or pid reused)."""
-    if not record or not isinstance(record.get("pid"), int):
-        return None
-    try:
-        process = psutil.Process(record["pid"])
-        if abs(process.create_time() - record.get("create_time", 0)) > 0.05:
-            return None
-        if process.status() == psutil.STATUS_ZOMBIE:
-            _reap(process.pid)
-            return None
-        return process
-    except psutil.Error:
-        return None
-
-
-def _reap(pid: int) -> None:
-    """Collect a child that died, when the caller is its parent (tests, a still-running `up`)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def live_daemons(paths: ClusterPaths) -> dict[str, psutil.Process]:
-    live = {}
-    for name in paths.known_daemons():
-        process = _process_if_alive(read_json(paths.pidfile(name)))
-        if process is not None:
-            live[name] = process
-    return live
 
 
 def _clear_records(paths: ClusterPaths) -> None:
@@ -145,29 +101,20 @@ def up(config: Config) -> dict[str, Any]:
     # owns a transfer engine, so they all pick paths from the same matrix.
     matrix, _ = topology.load_or_discover(config.topology, config.sysfs_root, config.include_virtual)
     topology.write_matrix(matrix, paths.topology_file)
-    cluster_id = uuid.uuid4().hex[:8]
+    cluster_id = new_cluster_id()
     started: list[DaemonSpec] = []
+    announced: list[dict[str, Any]] = []
     try:
         for spec in cluster_plan(config):
-            _spawn(paths, spec, cluster_id)
             started.append(spec)
-            _wait_healthy(paths, spec, time.monotonic() + config.start_timeout, config.rpc_timeout)
+            announced.append(_start(paths, spec, cluster_id, 0, config))
     except MooncakeError:
         _stop(paths, [s.name for s in started], config.stop_grace)
         _remove_shared_memory(cluster_id)
         _clear_records(paths)
         raise
-    cluster = {
-        "cluster_id": cluster_id,
-        "workdir": str(paths.workdir),
-        "started_at": time.time(),
-        "daemons": [
-            {**(read_json(paths.announce_file(s.name)) or {}), "log": str(paths.log_file(s.name))}
-            for s in started
-        ],
-    }
-    write_json_atomic(paths.cluster_file, cluster)
-    return cluster
+    return write_cluster_record(paths, cluster_id, time.time(), [
+        {**announce, "log": str(paths.log_file(spec.name))} for spec, announce in zip(started, announced)])
 
 
 def restart(paths: ClusterPaths, name: str, config: Config) -> dict[str, Any]:
@@ -177,45 +124,21 @@ def restart(paths: ClusterPaths, name: str, config: Config) -> dict[str, Any]:
     record = read_json(paths.pidfile(name))
     if record is None:
         raise ClusterNotRunning(f"the cluster in {paths.workdir} has no daemon {name!r}")
-    if _process_if_alive(record) is not None:
+    if process_if_alive(record) is not None:
         raise ClusterAlreadyRunning(f"daemon {name!r} is still running (pid {record['pid']})")
     old = read_json(paths.announce_file(name)) or {}
     port = int(old["address"].rsplit(":", 1)[1]) if old.get("address") else 0
-    for stale in (paths.announce_file(name), paths.exit_file(name)):
-        stale.unlink(missing_ok=True)
-    spec = DaemonSpec(name, record["role"])
-    _spawn(paths, spec, cluster["cluster_id"], port)
-    _wait_healthy(paths, spec, time.monotonic() + config.start_timeout, config.rpc_timeout)
-    return read_json(paths.announce_file(name)) or {}
+    forget_announcement(paths, name)
+    return _start(paths, DaemonSpec(name, record["role"]), cluster["cluster_id"], port, config)
 
 
-def _spawn(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int = 0) -> None:
-    command = [sys.executable, "-m", "daemons", spec.role, "--name", spec.name,
-               "--workdir", str(paths.workdir), "--cluster-id", cluster_id, "--port", str(port)]
-    with open(paths.log_file(spec.name), "ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent),
-        )
-    write_json_atomic(paths.pidfile(spec.name), {
-        "pid": process.pid, "role": spec.role, "cluster_id": cluster_id,
-        "create_time": psutil.Process(process.pid).create_time(),
-    })
-
-
-def _wait_healthy(paths: ClusterPaths, spec: DaemonSpec, deadline: float, rpc_timeout: float) -> None:
-    record = read_json(paths.pidfile(spec.name))
-    while time.monotonic() < deadline:
-        if _process_if_alive(record) is None:
-            exit_record = read_json(paths.exit_file(spec.name)) or {}
-            raise DaemonStartFailed(spec.name, exit_record.get("reason", "exited during start-up"),
-                                    _log_tail(paths.log_file(spec.name)))
-        announce = read_json(paths.announce_file(spec.name))
-        if announce and _health(announce["address"], min(rpc_timeout, 1.0)):
-            return
-        time.sleep(0.05)
-    raise DaemonStartFailed(spec.name, "did not answer a health check before the start timeout",
-                            _log_tail(paths.log_file(spec.name)))
+def _start(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, config: Config) -> dict[str, Any]:
+    """Launch one daemon as ``python -m daemons ROLE``; its announce record once it answers."""
+    process = spawn(paths, spec.name, [sys.executable, "-m", "daemons", spec.role, "--name", spec.name,
+                                       "--workdir", str(paths.workdir), "--cluster-id", cluster_id,
+                                       "--port", str(port)])
+    write_pidfile(paths, spec.name, spec.role, cluster_id, process.pid)
+    return wait_healthy(paths, spec.name, process, time.monotonic() + config.start_timeout, config.rpc_timeout)
 
 
 def _health(address: str, timeout: float) -> dict | None:
@@ -231,7 +154,7 @@ def status(paths: ClusterPaths, rpc_timeout: float = 1.0) -> list[DaemonState]:
     for name in paths.known_daemons():
         record = read_json(paths.pidfile(name)) or {}
         announce = read_json(paths.announce_file(name)) or {}
-        process = _process_if_alive(record)
+        process = process_if_alive(record)
         answer = _health(announce["address"], rpc_timeout) if process and announce else None
         exit_reason = None
         if process is None:
@@ -274,7 +197,7 @@ def _stop_group(paths: ClusterPaths, names: list[str], grace: float) -> dict[str
     """SIGTERM the named daemons (and anything they spawned), SIGKILL what outlives the grace."""
     processes: dict[str, psutil.Process] = {}
     for name in names:
-        process = _process_if_alive(read_json(paths.pidfile(name)))
+        process = process_if_alive(read_json(paths.pidfile(name)))
         if process is None:
             continue
         processes[name] = process
@@ -291,7 +214,7 @@ def _stop_group(paths: ClusterPaths, names: list[str], grace: float) -> dict[str
         _signal(process, signal.SIGKILL)
     _wait_exited(alive, 5)
     for process in processes.values():
-        _reap(process.pid)
+        reap(process.pid)
     return {"stopped": sorted(processes), "killed": sorted(n for n, p in processes.items() if p in alive)}
 
 
@@ -322,31 +245,3 @@ def _signal(process: psutil.Process, signum: int) -> None:
         process.send_signal(signum)
     except psutil.Error:
         pass
-
-
-def cluster_info(paths: ClusterPaths) -> dict[str, Any]:
-    """cluster.json, for commands that need daemon addresses."""
-    info = read_json(paths.cluster_file)
-    if info is None:
-        raise ClusterNotRunning(f"no cluster in {paths.workdir}: start one with `mooncake up`")
-    return info
-
-
-def daemon_address(paths: ClusterPaths, role: str) -> str:
-    return _daemon_record(paths, role)["address"]
-
-
-def local_daemon_address(paths: ClusterPaths, role: str) -> str:
-    """The daemon's unix:// endpoint when it has one on this host (a round trip over it costs
-    a fraction of one through ZeroMQ over TCP loopback), else its TCP address."""
-    daemon = _daemon_record(paths, role)
-    if daemon.get("ipc_address") and daemon.get("hostname") == socket.gethostname():
-        return daemon["ipc_address"]
-    return daemon["address"]
-
-
-def _daemon_record(paths: ClusterPaths, role: str) -> dict[str, Any]:
-    for daemon in cluster_info(paths)["daemons"]:
-        if daemon.get("role") == role:
-            return daemon
-    raise ClusterNotRunning(f"the cluster in {paths.workdir} has no {role}")

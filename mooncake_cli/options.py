@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 import typer
 
@@ -29,7 +30,7 @@ def _option_for(spec) -> inspect.Parameter:
     option = typer.Option(None, flags, help=help_text, show_default=False,
                           rich_help_panel=f"Settings: {spec.section}")
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                             annotation=Optional[bool] if is_switch else Optional[str])
+                             annotation=bool | None if is_switch else str | None)
 
 
 def _specs(names: tuple[str, ...]) -> list[Setting]:
@@ -46,7 +47,7 @@ def settings_options(*sections_or_names: str) -> Callable[[Callable], Callable]:
         own = [p for name, p in signature.parameters.items() if name != "config"]
         extra = [_option_for(spec) for spec in specs]
         config_file = inspect.Parameter(
-            "config_file", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+            "config_file", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
             default=typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
         )
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
 
+from daemons.errors import DaemonStartFailed
 from transfer.errors import MooncakeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -38,6 +40,13 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 def fail_on(exc: MooncakeError) -> NoReturn:
     fail(f"{exc.message} ({exc.name}, code {exc.code})")
+
+
+def fail_to_start(exc: DaemonStartFailed) -> NoReturn:
+    """A daemon that did not come up: why, and the last lines of its log."""
+    stderr.print(f"[red]error:[/red] {exc.message}\n--- last lines of its log ---\n{exc.log_tail}",
+                 highlight=False, markup=True)
+    raise typer.Exit(EXIT_FAILED)
 
 
 def show_progress() -> bool:

@@ -29,7 +29,7 @@ window and admits more again, and ends with more rejections (1,621-1,898) than t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 from scheduler.instances import DecodeBatch
 from scheduler.predictors import DecodeTbtModel

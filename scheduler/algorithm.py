@@ -36,7 +36,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from scheduler.cache_index import PrefixMatch
 from scheduler.config import SchedulerConfig

@@ -13,7 +13,7 @@ blocks get keys; the tail is always recomputed, because a partial block can stil
 from __future__ import annotations
 
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 import xxhash
 

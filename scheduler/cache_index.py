@@ -13,7 +13,7 @@ locations at once, narrowing the set of locations that still match.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 POOL = "pool"
 TIER_BITS = {"gpu": 1, "dram": 2, "pool": 4}

@@ -7,8 +7,10 @@ Lifecycle of one request, every call taking the time ``now`` as an argument:
     decode_id = conductor.admit_decode(request_id, now)  # None: rejected at decode
     conductor.decode_finished(request_id, now)
 
-Cache state arrives as events: ``conductor.index.block_stored(location, keys)`` and
-``block_evicted``. A decision that pulls a prefix lists ``transfer_keys``: the prefill instance
+Cache state arrives as events: ``conductor.blocks_stored(instance_id, keys)`` (or, for a
+simulator that owns the index it passes in, ``index.block_stored`` and ``block_evicted``). A
+request that ends early, however it ended, is closed with ``conductor.abandon(request_id, now)``.
+A decision that pulls a prefix lists ``transfer_keys``: the prefill instance
 pulls those blocks and keeps them, and its store report makes it a holder of the hot prefix.
 """
 
@@ -41,6 +43,7 @@ class _InFlight:
     prefill_id: str
     decode_id: str | None
     context: int
+    prefilled: bool = False  # prefill_finished was called
     decoding: bool = False
 
 
@@ -79,6 +82,11 @@ class Conductor:
 
     def add_decode(self, instance_id: str, kv_capacity_tokens: int) -> None:
         self.decode.setdefault(instance_id, DecodeBatch(instance_id, kv_capacity_tokens))
+
+    def group_model(self, stages: int, chunk: int) -> CppPrefillTimeModel:
+        """The time model a CPP group of ``stages`` prefilling ``chunk`` tokens per chunk plans
+        with, built on the shared single-worker model (so it follows that model's refits)."""
+        return CppPrefillTimeModel(self.prefill_model, stages, chunk)
 
     def remove_instance(self, instance_id: str) -> None:
         self.prefill.pop(instance_id, None)
@@ -132,6 +140,7 @@ class Conductor:
                          transfer_seconds: float | None = None) -> None:
         """The prefill instance is done (its KV is streaming to decode)."""
         flight = self._flight(request_id)
+        flight.prefilled = True
         queue = self.prefill.get(flight.prefill_id)
         if queue is not None:
             queue.finish(request_id, now)
@@ -163,6 +172,40 @@ class Conductor:
             return
         if flight.decode_id in self.decode:
             self.decode[flight.decode_id].release(request_id)
+
+    def abandon(self, request_id: str, now: float) -> None:
+        """Close the books of a request that ends, however it ended: a prefill never reported
+        frees its queue slot and its forecast on the planned decode instance, a decode admitted
+        frees its batch slot. Nothing happens for a request no longer in flight (finished, or
+        rejected at decode)."""
+        flight = self.inflight.get(request_id)
+        if flight is None:
+            return
+        if not flight.prefilled:
+            self.prefill_finished(request_id, now)
+            self.forecast.landed(request_id)
+        self.decode_finished(request_id, now)
+
+    def blocks_stored(self, instance_id: str, keys: list) -> None:
+        """The prefill instance stored these blocks: it holds the prefix now. A report from an
+        instance removed meanwhile (its worker was dropped) is ignored: its blocks went with it."""
+        if instance_id in self.prefill:
+            self.index.block_stored(instance_id, keys)
+
+    # -- what the instances hold now ---------------------------------------------------------
+
+    def prefill_queue_lengths(self) -> dict[str, int]:
+        return {name: queue.num_queued for name, queue in self.prefill.items()}
+
+    def prefill_queue_times(self, now: float) -> dict[str, float]:
+        return {name: queue.queue_time(now) for name, queue in self.prefill.items()}
+
+    def decode_batch_sizes(self) -> dict[str, int]:
+        return {name: batch.batch for name, batch in self.decode.items()}
+
+    def smallest_kv_capacity(self) -> int:
+        """KV tokens the smallest decode instance holds (0 with none)."""
+        return min((batch.kv_capacity for batch in self.decode.values()), default=0)
 
     def observe_prefill(self, input_length: int, prefix_tokens: int, seconds: float,
                         instance_id: str | None = None) -> bool:

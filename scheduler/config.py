@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler.errors import SettingError
+
 POLICIES = ("random", "load", "cache", "kvcentric")
 ADMISSIONS = ("none", "early", "predictive")
 
@@ -43,9 +45,7 @@ class SchedulerConfig:
             raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
 
     @classmethod
-    def from_config(cls, config: Any) -> "SchedulerConfig":
-        from transfer.errors import SettingError
-
+    def from_config(cls, config: Any) -> SchedulerConfig:
         try:
             threshold = parse_threshold(config.kvcache_balancing_threshold)
         except ValueError:
@@ -59,5 +59,5 @@ class SchedulerConfig:
             transfers=config.cache_scope == "global",
         )
 
-    def with_(self, **changes: Any) -> "SchedulerConfig":
+    def with_(self, **changes: Any) -> SchedulerConfig:
         return replace(self, **changes)

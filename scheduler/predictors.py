@@ -9,7 +9,7 @@ ignores congestion at a hot source — the hardest part to predict, as the paper
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class PrefillTimeModel:
         return c0 + c1 * new + c2 * (new * prefix_len + new * new / 2.0)
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> "PrefillTimeModel":
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> PrefillTimeModel:
         """Least squares over (input_len, prefix_len, seconds) samples."""
         if len(samples) < 3:
             raise ValueError("need at least 3 samples to fit the prefill model")
@@ -105,7 +105,7 @@ class DecodeTbtModel:
         return c0 + c1 * batch + c2 * context
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> "DecodeTbtModel":
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> DecodeTbtModel:
         """Least squares over (batch, context_tokens, seconds_per_step) samples."""
         if len(samples) < 3:
             raise ValueError("need at least 3 samples to fit the decode model")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 # Why a request went where it went (or nowhere). Stable strings: they appear in --json output.
 LOCAL_HIT = "local_hit"  # reused the chosen instance's own prefix; nothing longer elsewhere

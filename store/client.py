@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from store.data_engine import open_engine
+from store.disk_reader import DiskReader
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError
 from store.master_client import MasterClient
-from store.disk_reader import DiskReader
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
+from transfer.from_settings import open_engine
 from transfer.settings import Config, resolve
 
 
@@ -90,7 +90,7 @@ class StoreClient:
         self.engine.close()
         self.master.close()
 
-    def __enter__(self) -> "StoreClient":
+    def __enter__(self) -> StoreClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -12,7 +12,7 @@ import threading
 from store.errors import InvalidParams, MooncakeError
 from store.objects import ReplicaDescriptor
 from transfer.engine import TransferEngine
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 
 class DiskReader:

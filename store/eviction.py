@@ -8,7 +8,7 @@ one, and only when the policy allows it, so "evicted last" holds exactly.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from store.objects import ObjectMeta
 

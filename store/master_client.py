@@ -1,6 +1,6 @@
-"""The master's store ops as typed Python calls (the client side of :mod:`daemons.master_store`).
+"""The master's store ops as typed Python calls (the client side of :mod:`store.master_service`).
 
-One :class:`transfer.rpc.RpcClient` underneath, so calls from many threads share one socket and
+One :class:`transfer.rpc.client_server.RpcClient` underneath, so calls from many threads share one socket and
 may be in flight together. Errors come back as the store's typed exceptions; batch calls return,
 per item, the value or the error instance.
 """
@@ -12,7 +12,7 @@ from typing import Any
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
                         reported_to_wire, segment_to_wire)
-from transfer.leader import master_rpc
+from transfer.etcd.leader import master_rpc
 
 
 class MasterClient:

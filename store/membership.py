@@ -13,7 +13,7 @@ Mixed into :class:`store.master_state.MasterState`, whose state (``segments``, `
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from store.allocator import RangeAllocator
 from store.errors import IllegalClient, InvalidParams, SegmentAlreadyExists, SegmentNotFound

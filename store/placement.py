@@ -14,7 +14,7 @@ first, in the order the writer gave.
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from store.objects import SegmentState
 

@@ -7,7 +7,8 @@ The state machine never reads the settings registry: the daemon builds a :class:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from store.errors import InvalidParams
 
@@ -43,7 +44,7 @@ class StorePolicy:
             raise InvalidParams("max_soft_pin_ttl must be >= soft_pin_ttl")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | Any) -> "StorePolicy":
+    def from_config(cls, config: Mapping[str, Any] | Any) -> StorePolicy:
         """Take every field that the settings registry (or any mapping) has a value for."""
         values = config if isinstance(config, Mapping) else config.values
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})

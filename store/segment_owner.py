@@ -27,13 +27,13 @@ from pathlib import Path
 import xxhash
 
 from store.disk_tier import DiskTier
+from store.errors import InvalidParams
 from store.master_client import MasterClient
 from store.objects import ClientStatus, ReportedObject, Segment
 from transfer.engine import TransferEngine
-from store.errors import InvalidParams
 from transfer.errors import MooncakeError
 from transfer.memory import address_of
-from transfer.rpc import Reply, Request, RpcServer
+from transfer.rpc.client_server import Reply, Request, RpcServer
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,11 @@ item, ``{"ok": value}`` or ``{"error": {"code", "name", "message"}}``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from store.errors import InvalidParams, MooncakeError
-from store.objects import (ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier, ReportedObject,
+from store.objects import (ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject,
                            Segment)
 from transfer.errors import error_from_wire
 

@@ -7,7 +7,7 @@ host whose sysfs is odd must still be able to move bytes over TCP.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from topology.gpu import discover_gpus
 from topology.gpu_runtime import RuntimeGpus, runtime_gpus

@@ -70,7 +70,7 @@ def placement_tree(report: TopologyReport) -> list[dict[str, Any]]:
         for node in topology.numa_nodes
     }
     groups: dict[tuple, dict[str, Any]] = {}
-    for numa_node, pci_path, order, entry in sorted(
+    for numa_node, pci_path, _order, entry in sorted(
             devices, key=lambda d: (d[1][-1:], d[2], natural_key(d[3]["name"]))):
         node_id = topology.numa_of(numa_node)
         node = nodes.setdefault(node_id, {"numa_node": node_id, "cpus": "", "memory_kb": None, "groups": []})

@@ -30,7 +30,7 @@ def _from_torch() -> RuntimeGpus:
     found = {}
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        address = "{:04x}:{:02x}:{:02x}.0".format(props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         found[address] = (index, props.name)
     return found
 

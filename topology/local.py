@@ -7,7 +7,7 @@ This is what ``mooncake up`` / ``start`` and the transfer engine call; it takes 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from topology.discovery import discover
 from topology.explain import device_names, explain_file

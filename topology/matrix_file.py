@@ -12,7 +12,8 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
+from collections.abc import Collection
 
 from topology.errors import TopologyError
 from topology.matrix import Matrix

@@ -5,6 +5,11 @@ independently (possibly on different paths). A slice that fails may be retried; 
 COMPLETED when every slice landed, FAILED when a slice ran out of retries, TIMEOUT when its
 deadline passed first. Status is computed when asked, so a dead peer cannot leave a request
 PENDING past its deadline even if no thread ever reports on it.
+
+Cutting is pure (:func:`cut`): requests up to ``threshold`` bytes move as one slice. Longer ones
+are cut into ``slice_size`` pieces; like Mooncake, a tail shorter than slice_size /
+fragment_ratio is merged into the previous slice rather than sent as a tiny fragment that costs
+a full per-slice overhead.
 """
 
 from __future__ import annotations
@@ -116,3 +121,19 @@ class Batch:
 
     def pending(self, now: float | None = None) -> bool:
         return any(t.status(now).status == Status.PENDING for t in self.tasks)
+
+
+FRAGMENT_RATIO = 4
+
+
+def cut(length: int, slice_size: int, threshold: int) -> list[tuple[int, int]]:
+    """(offset, length) pairs covering [0, length)."""
+    if length <= max(threshold, slice_size):
+        return [(0, length)]
+    pieces = [(offset, min(slice_size, length - offset)) for offset in range(0, length, slice_size)]
+    last_offset, last_length = pieces[-1]
+    if len(pieces) > 1 and last_length < slice_size // FRAGMENT_RATIO:
+        pieces.pop()
+        prev_offset, prev_length = pieces[-1]
+        pieces[-1] = (prev_offset, prev_length + last_length)
+    return pieces

@@ -19,10 +19,10 @@ from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, 
 from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, MooncakeError, TooManyRequests,
                              TransferFailed, TransferTimeout)
+from transfer.batch import cut
 from transfer.memory import RegisteredBuffer
-from transfer.shm_transport import ShmTransport
-from transfer.slicing import cut
-from transfer.tcp_transport import TcpTransport
+from transfer.shm.transport import ShmTransport
+from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
 
 _SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -60,7 +60,7 @@ class SegmentDescriptor:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, data: Any) -> "SegmentDescriptor":
+    def from_wire(cls, data: Any) -> SegmentDescriptor:
         try:
             return cls(
                 name=str(data["name"]),

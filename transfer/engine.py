@@ -17,28 +17,28 @@ from typing import Any
 
 import numpy as np
 
-from transfer import verbs_pyverbs
 from transfer.batch import OpCode, Slice, Task
 from transfer.batches import BatchMixin
-from transfer.cuda_memory import gpudirect_available
 from transfer.descriptor import SegmentDescriptor, local_host_id
-from transfer.device_memory import DeviceBuffer, device_buffer_of, view_address
 from transfer.engine_options import EngineOptions
 from transfer.errors import AddressNotRegistered, DeviceNotFound, MemoryLockLimit
+from transfer.gpu.cuda_memory import gpudirect_available
+from transfer.gpu.device_memory import DeviceBuffer, device_buffer_of, view_address
 from transfer.memory import MemoryRegistry, RegisteredBuffer, address_of, as_byte_view
-from transfer.metadata_client import EXCHANGE_OP, P2P, LocalMetadata, MasterMetadata, MetadataBackend, P2PMetadata
-from transfer.metadata_table import MetadataTable
-from transfer.paths import PathSet
-from transfer.rdma_handshake import CONNECT_OP
-from transfer.rdma_probe import open_devices
-from transfer.rdma_transport import RdmaTransport
-from transfer.rpc import Request, RpcServer
-from transfer.segments import SegmentCache
-from transfer.shm import SharedRegion, remove_orphans
-from transfer.shm_transport import ShmTransport
-from transfer.tcp_transport import TcpTransport
+from transfer.metadata.client import EXCHANGE_OP, P2P, LocalMetadata, MasterMetadata, MetadataBackend, P2PMetadata
+from transfer.metadata.segment_cache import SegmentCache
+from transfer.metadata.table import MetadataTable
+from transfer.path_selection import PathSet
+from transfer.rdma import verbs_pyverbs
+from transfer.rdma.handshake import CONNECT_OP
+from transfer.rdma.probe import open_devices
+from transfer.rdma.transport import RdmaTransport
+from transfer.rdma.verbs import Verbs, VerbsUnavailable
+from transfer.rpc.client_server import Request, RpcServer
+from transfer.shm.region import SharedRegion, remove_orphans
+from transfer.shm.transport import ShmTransport
+from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
-from transfer.verbs import Verbs, VerbsUnavailable
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # fallback reasons already logged by this process
@@ -146,7 +146,7 @@ class TransferEngine(BatchMixin):
             return MasterMetadata(metadata, timeout=self.options.handshake_timeout)
         return metadata
 
-    def __enter__(self) -> "TransferEngine":
+    def __enter__(self) -> TransferEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

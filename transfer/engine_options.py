@@ -25,10 +25,10 @@ class EngineOptions:
     rdma_gid_index: int = -1
     rdma_mtu: int = 0
     rdma_qps_per_endpoint: int = 2
-    shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass supervisor.shm_prefix(cluster_id)
+    shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
 
     @classmethod
-    def from_config(cls, config: Config | None = None, **overrides: Any) -> "EngineOptions":
+    def from_config(cls, config: Config | None = None, **overrides: Any) -> EngineOptions:
         """Options from resolved settings (defaults, env, file, flags), then ``overrides``."""
         config = config or resolve()
         values = {f.name: config[_SETTING.get(f.name, f.name)] for f in fields(cls)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-_BY_CODE: dict[int, type["MooncakeError"]] = {}
+_BY_CODE: dict[int, type[MooncakeError]] = {}
 
 
 class MooncakeError(Exception):

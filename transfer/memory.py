@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from transfer.descriptor import BufferDesc
-from transfer.device_memory import device_buffer_of
 from transfer.errors import AddressNotRegistered, AddressOverlapped, InvalidArgument
+from transfer.gpu.device_memory import device_buffer_of
 
 
 @dataclass

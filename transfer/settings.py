@@ -15,7 +15,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import yaml
 
@@ -403,7 +404,7 @@ class Config:
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
-    def replace(self, **overrides: Any) -> "Config":
+    def replace(self, **overrides: Any) -> Config:
         values, sources = dict(self.values), dict(self.sources)
         for name, raw in overrides.items():
             values[name] = _BY_NAME[name].parse(raw)

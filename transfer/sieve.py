@@ -9,7 +9,8 @@ key's neighbour towards the head; past the head it wraps to the tail. Pure: no I
 
 from __future__ import annotations
 
-from typing import Any, Generic, Hashable, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Hashable, Iterator
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

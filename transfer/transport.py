@@ -34,7 +34,7 @@ class Transport(ABC):
         """Listeners to publish in our descriptor (none for transports with no listener)."""
         return []
 
-    def forget_peer(self, peer_name: str) -> None:
+    def forget_peer(self, peer_name: str) -> None:  # noqa: B027 (a transport that caches nothing has nothing to drop)
         """Drop cached connections or mappings of a peer that restarted or went away."""
 
     @abstractmethod

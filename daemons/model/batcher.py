@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable
+from collections.abc import Hashable
 
 from daemons.model.block_manager import BlockManager
 from daemons.model.errors import KVCacheFull
@@ -40,11 +40,30 @@ class ContinuousBatcher:
     def num_active(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
     def add(self, seq: Sequence) -> None:
         """Queue a prefilled, unfinished sequence; it joins the batch at the next step with room."""
         if seq.is_finished or seq.num_kv_tokens != len(seq) - 1:
             raise ValueError(f"sequence {seq.seq_id!r} is not ready to decode")
         self.waiting.append(seq)
+
+    def cancel(self, seq_id: Hashable) -> bool:
+        """Take the sequence out of the batch (waiting or running) and give its pages back;
+        False when it is not here."""
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.seq_id == seq_id:
+                    queue.remove(seq)
+                    self.block_manager.deallocate(seq)
+                    return True
+        return False
 
     def step(self) -> list[TokenEvent]:
         """Decode one token for every running sequence; finished ones leave and free their pages."""

@@ -38,7 +38,7 @@ class ModelConfig:
 
     @classmethod
     def tiny(cls, *, layers: int = 4, hidden_size: int = 128, heads: int = 4, kv_heads: int = 2,
-             dtype: str = "float32") -> "ModelConfig":
+             dtype: str = "float32") -> ModelConfig:
         """The default random model: small enough to prefill and decode on a CPU in milliseconds."""
         return cls(hidden_size=hidden_size, intermediate_size=3 * hidden_size, num_layers=layers,
                    num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden_size // heads, dtype=dtype)
@@ -48,7 +48,7 @@ class ModelConfig:
         return DTYPES[self.dtype]
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], dtype: str | None = None) -> "ModelConfig":
+    def from_hf(cls, hf: dict[str, Any], dtype: str | None = None) -> ModelConfig:
         """Read a Llama config.json; refuse features this decoder does not implement."""
         if hf.get("model_type") != "llama":
             raise CheckpointError(f"model_type {hf.get('model_type')!r} is not a Llama checkpoint")

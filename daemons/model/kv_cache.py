@@ -32,14 +32,14 @@ class KVCacheLayout:
     dtype: torch.dtype = torch.float32
 
     @classmethod
-    def for_model(cls, config: ModelConfig, block_size: int, num_blocks: int) -> "KVCacheLayout":
+    def for_model(cls, config: ModelConfig, block_size: int, num_blocks: int) -> KVCacheLayout:
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError(f"block_size and num_blocks must be positive, got {block_size}, {num_blocks}")
         return cls(num_blocks, config.num_layers, block_size, config.num_kv_heads, config.head_dim,
                    config.torch_dtype)
 
     @classmethod
-    def for_memory(cls, config: ModelConfig, block_size: int, nbytes: int) -> "KVCacheLayout":
+    def for_memory(cls, config: ModelConfig, block_size: int, nbytes: int) -> KVCacheLayout:
         """As many pages as fit in ``nbytes`` (the kv_cache_size setting)."""
         one = cls.for_model(config, block_size, 1)
         return cls.for_model(config, block_size, max(1, nbytes // one.block_bytes))

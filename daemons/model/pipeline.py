@@ -3,7 +3,7 @@
 Stage k computes chunk i while stage k+1 computes chunk i-1: each stage runs its chunks in
 order, takes each chunk's hidden states from the stage before and hands its own to the stage
 after. What carries them is a :class:`Link`; here an in-process queue (threads, for tests), in
-a prefill group the transfer engine (``daemons.cpp_link``). A stage's attention over earlier
+a prefill group the transfer engine (``daemons.workers.cpp.link``). A stage's attention over earlier
 chunks reads their KV from its own pages, so stages exchange nothing but activations.
 
 Every chunk but the last is a whole number of KV blocks, and a stage computes a chunk block by

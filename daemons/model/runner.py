@@ -11,7 +11,7 @@ KV is never stored under a prefix key.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable
+from collections.abc import Hashable
 
 from scheduler.block_hash import BlockKey, prefix_block_keys
 
@@ -21,7 +21,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens), or a failure
 
     @classmethod
-    def from_prompt(cls, seq_id: Hashable, prompt_tokens: list[int], max_tokens: int) -> "Sequence":
+    def from_prompt(cls, seq_id: Hashable, prompt_tokens: list[int], max_tokens: int) -> Sequence:
         if not prompt_tokens:
             raise ValueError("prompt_tokens must not be empty")
         if max_tokens < 1:

@@ -8,11 +8,12 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
-from daemons.paths import ClusterPaths
+from daemons.cluster.directory import daemon_address, local_daemon_address
+from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
-from transfer.rpc import RpcClient
-from transfer.rpc_bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+from transfer.rpc.client_server import RpcClient
 
 app = typer.Typer(help="Measure speed against this machine's own limits.", no_args_is_help=True)
 
@@ -43,8 +44,8 @@ def rpc(
         supervisor.up(cluster_config)
         paths = ClusterPaths.of(workdir)
         try:
-            endpoints = {"tcp": supervisor.daemon_address(paths, "master")}
-            local = supervisor.local_daemon_address(paths, "master")
+            endpoints = {"tcp": daemon_address(paths, "master")}
+            local = local_daemon_address(paths, "master")
             if local != endpoints["tcp"]:
                 endpoints["unix"] = local
             measured = {}

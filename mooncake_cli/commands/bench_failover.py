@@ -14,8 +14,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from daemons.etcd_server import EtcdServer
-from daemons.ha_scenario import run_failover
+from daemons.ha.etcd_server import EtcdServer
+from daemons.ha.failover_scenario import run_failover
 from mooncake_cli.output import JSON_HELP, emit, fail
 from transfer.settings import parse_duration, parse_size
 

@@ -31,7 +31,7 @@ def _populate(conductor: Conductor, prefill_ids: list[str], families: int, block
         chain = [family * 1_000_000 + b for b in range(blocks)]
         chains.append(chain)
         for holder in rng.sample(prefill_ids, k=rng.randint(1, 3)):
-            conductor.index.block_stored(holder, chain[:rng.randint(1, blocks)])
+            conductor.blocks_stored(holder, chain[:rng.randint(1, blocks)])
     return chains
 
 

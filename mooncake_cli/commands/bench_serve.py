@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from daemons.serve_bench import replay, scale
-from daemons.serving_client import find_conductor
+from daemons.serving.bench import replay, scale
+from daemons.serving.client import find_conductor
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from scheduler.sim.trace import load_trace

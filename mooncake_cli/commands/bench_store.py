@@ -8,12 +8,12 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
-from daemons.paths import ClusterPaths
-from daemons.store_access import connect
+from daemons.cluster.store_access import connect
+from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from store.bench import run_size
-from store.errors import MooncakeError
+from transfer.errors import MooncakeError
 from transfer.settings import parse_size
 
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")

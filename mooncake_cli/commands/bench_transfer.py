@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -21,7 +20,7 @@ def transfer(
     batch_size: int = typer.Option(16, min=1, help="Requests per batch."),
     threads: int = typer.Option(1, min=1, help="Initiator threads, each with its own batches."),
     duration: float = typer.Option(3.0, min=0.1, help="Seconds to measure."),
-    target: Optional[str] = typer.Option(None, help="Use this running segment (P2P host:port) "
+    target: str | None = typer.Option(None, help="Use this running segment (P2P host:port) "
                                          "instead of starting a target process."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,

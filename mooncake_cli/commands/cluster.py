@@ -8,11 +8,11 @@ import typer
 from rich.table import Table
 
 from daemons import supervisor
+from daemons.cluster.remote_status import remote_status
+from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
-from daemons.paths import ClusterPaths
-from daemons.remote_status import remote_status
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, show_progress, stderr
+from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, fail_to_start, show_progress, stderr
 from transfer.errors import MooncakeError
 
 
@@ -46,9 +46,7 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
         else:
             cluster = supervisor.up(config)
     except DaemonStartFailed as exc:
-        stderr.print(f"[red]error:[/red] {exc.message}\n--- last lines of its log ---\n{exc.log_tail}",
-                     highlight=False, markup=True)
-        raise typer.Exit(EXIT_FAILED)
+        fail_to_start(exc)
     except MooncakeError as exc:
         fail_on(exc)
     emit(cluster, json_output,

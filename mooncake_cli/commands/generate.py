@@ -7,12 +7,11 @@ registered with, for a conductor on another host.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 from rich.table import Table
 
-from daemons.serving_client import find_conductor, stream_completion
+from daemons.serving.client import find_conductor, stream_completion
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
 from transfer.errors import MooncakeError
@@ -40,7 +39,7 @@ def _ms(seconds: float | None) -> str:
 
 @settings_options("cluster", "request_timeout", "rpc_timeout", "master")
 def generate(
-    prompt: Optional[str] = typer.Argument(None, help="The prompt text."),
+    prompt: str | None = typer.Argument(None, help="The prompt text."),
     max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate at most."),
     demo: bool = typer.Option(False, "--demo", help="Send two prompts sharing a long prefix instead "
                               "and show the second one reusing it from the store (lower TTFT)."),

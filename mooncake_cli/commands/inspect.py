@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 from rich.table import Table
 
-from daemons.store_access import master_of
+from daemons.cluster.store_access import master_of
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
-from store.errors import MooncakeError
 from store.master_client import MasterClient
+from transfer.errors import MooncakeError
 
 VIEWS = ("counters", "segments", "objects", "clients", "key")
 
@@ -59,7 +58,7 @@ def _render(what: str, data) -> Table:
 def inspect(
     what: str = typer.Argument("counters", help="counters (default: usage, free ratio, eviction "
                                "counters), segments, objects, clients, or key KEY."),
-    key: Optional[str] = typer.Argument(None, help="The object, with `key`."),
+    key: str | None = typer.Argument(None, help="The object, with `key`."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,

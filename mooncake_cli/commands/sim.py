@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Column, Table
@@ -22,7 +21,7 @@ from scheduler.sim.trace import load_trace
 from transfer.errors import MooncakeError
 
 
-def _choices(text: Optional[str], allowed: tuple[str, ...], default: str, what: str) -> list[str]:
+def _choices(text: str | None, allowed: tuple[str, ...], default: str, what: str) -> list[str]:
     values = [v.strip() for v in (text or default).split(",") if v.strip()]
     bad = [v for v in values if v not in allowed]
     if bad or not values:
@@ -30,7 +29,7 @@ def _choices(text: Optional[str], allowed: tuple[str, ...], default: str, what: 
     return values
 
 
-def _thresholds(text: Optional[str], default: int | None) -> list[int | None]:
+def _thresholds(text: str | None, default: int | None) -> list[int | None]:
     if not text:
         return [default]
     try:
@@ -43,20 +42,20 @@ def sim(
     trace: Path = typer.Argument(..., help="Trace file (JSONL: timestamp ms, input_length, output_length, hash_ids)."),
     prefill: int = typer.Option(16, "--prefill", min=1, help="Prefill instances."),
     decode: int = typer.Option(16, "--decode", min=1, help="Decode instances."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Comma list of random, load, cache, kvcentric "
+    policy: str | None = typer.Option(None, "--policy", help="Comma list of random, load, cache, kvcentric "
                                          "(one run each) (default: the schedule_policy setting)."),
-    admission: Optional[str] = typer.Option(None, "--admission", help="Comma list of none, early, predictive "
+    admission: str | None = typer.Option(None, "--admission", help="Comma list of none, early, predictive "
                                             "(default: the admission_policy setting)."),
-    threshold_sweep: Optional[str] = typer.Option(None, "--threshold-sweep", help="Comma list of "
+    threshold_sweep: str | None = typer.Option(None, "--threshold-sweep", help="Comma list of "
                                                   "kvcache_balancing_threshold values (tokens or auto), one run each."),
     compare_scopes: bool = typer.Option(False, "--compare-scopes", help="Figure 10: run with one shared pool of "
                                         "prefill x cache_capacity_tokens (global) and with private per-instance caches "
                                         "of cache_capacity_tokens each (local)."),
     speedup: float = typer.Option(1.0, "--speedup", min=0.01, help="Replay this many times faster (2 overloads)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N requests."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Replay only the first N requests."),
     capacity_sweep_: bool = typer.Option(False, "--capacity-sweep", help="Also report LRU hit rate against "
                                          "cache capacity (0.25M..100M tokens and infinite)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: TTFT CDF per run, hit rate against "
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: TTFT CDF per run, hit rate against "
                                         "capacity, load over time per admission policy."),
     cpp_group: int = typer.Option(1, "--cpp-group", min=1, help="Also replay with the prefill nodes in "
                                   "CPP groups of X (prefill/X instances, each pipelining prompts longer than "

@@ -6,31 +6,26 @@ Deployment scripts written for Mooncake run `mooncake_master --rpc_port=50051
 and map onto our settings (lease_ttl, soft_pin_ttl, high_watermark, eviction_ratio,
 client_ttl, bind_host). Our own flags (--lease-ttl, ...) work too; the C++ form wins when both
 are given. With --enable_http_metadata_server the same process also serves Mooncake's HTTP
-metadata protocol (:mod:`transfer.http_metadata`), for transfer engines given
-metadata_server="http://host:port/metadata".
+metadata protocol (:mod:`transfer.metadata.http_backend`), for transfer engines given
+metadata_server="http://host:port/metadata" (:func:`daemons.master.run_master`).
 
 Without --foreground the command starts itself again with --foreground as a background process
-(pidfile under <workdir>/run, log under <workdir>/logs, like `mooncake up`), waits until the
-master answers, and prints its address; `mooncake status` and `mooncake down` then see it.
+through the launcher (pidfile under <workdir>/run, log under <workdir>/logs, like `mooncake up`),
+waits until the master answers, and prints its address; `mooncake status` and `mooncake down`
+then see it.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
-from typing import Optional
 
-import psutil
 import typer
-import yaml
 from typer.core import TyperCommand
 
-from daemons.master import MasterDaemon
-from daemons.paths import ClusterPaths, write_json_atomic
+from daemons.errors import MetadataServerUnavailable
+from daemons.master import run_master
+from mooncake_cli.commands.start_role import launch, preflight
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.commands.start_role import preflight, spawn_in_background
 from mooncake_cli.output import JSON_HELP, emit, fail
-from transfer.http_metadata import HttpMetadataServer
 
 NAME = "master"
 app = typer.Typer(help="Start one daemon in the foreground or as a background process.",
@@ -64,18 +59,18 @@ BOOL_GFLAGS = {"--enable_http_metadata_server"}
 @settings_options("cluster", "rpc", "store", "ha")
 def master(
     foreground: bool = typer.Option(False, "--foreground", help="Run in this process until SIGTERM or Ctrl-C."),
-    rpc_port: Optional[int] = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
+    rpc_port: int | None = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",
                                      min=0, max=65535),
-    port: Optional[int] = _gflag("port", "Deprecated alias of --rpc_port.", min=0, max=65535),
-    rpc_address: Optional[str] = _gflag("rpc_address", "Address to bind (sets bind_host)."),
-    default_kv_lease_ttl: Optional[int] = _gflag("default_kv_lease_ttl", "Read lease in milliseconds (lease_ttl).", min=0),
-    default_kv_soft_pin_ttl: Optional[int] = _gflag("default_kv_soft_pin_ttl", "Soft pin in milliseconds (soft_pin_ttl).", min=0),
-    eviction_high_watermark_ratio: Optional[float] = _gflag("eviction_high_watermark_ratio",
+    port: int | None = _gflag("port", "Deprecated alias of --rpc_port.", min=0, max=65535),
+    rpc_address: str | None = _gflag("rpc_address", "Address to bind (sets bind_host)."),
+    default_kv_lease_ttl: int | None = _gflag("default_kv_lease_ttl", "Read lease in milliseconds (lease_ttl).", min=0),
+    default_kv_soft_pin_ttl: int | None = _gflag("default_kv_soft_pin_ttl", "Soft pin in milliseconds (soft_pin_ttl).", min=0),
+    eviction_high_watermark_ratio: float | None = _gflag("eviction_high_watermark_ratio",
                                                             "Usage ratio that starts eviction (high_watermark).", min=0),
     # Named apart from our settings of the same name, whose flags are --eviction-ratio, --client-ttl.
-    gflag_eviction_ratio: Optional[float] = _gflag("eviction_ratio", "Share of the pool one eviction frees.",
+    gflag_eviction_ratio: float | None = _gflag("eviction_ratio", "Share of the pool one eviction frees.",
                                                    min=0, max=1),
-    gflag_client_ttl: Optional[int] = _gflag("client_ttl", "Seconds of silence before a store client is dropped.",
+    gflag_client_ttl: int | None = _gflag("client_ttl", "Seconds of silence before a store client is dropped.",
                                              min=1),
     enable_http_metadata_server: bool = typer.Option(
         False, "--enable_http_metadata_server", help="Also serve Mooncake's HTTP metadata protocol "
@@ -83,7 +78,7 @@ def master(
     http_metadata_server_port: int = typer.Option(8080, "--http_metadata_server_port",
                                                   help="Port of the HTTP metadata server.", min=0, max=65535,
                                                   rich_help_panel="mooncake_master flags"),
-    http_metadata_server_host: Optional[str] = _gflag("http_metadata_server_host",
+    http_metadata_server_host: str | None = _gflag("http_metadata_server_host",
                                                       "Address of the HTTP metadata server (default: bind_host)."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
@@ -104,54 +99,13 @@ def master(
         http = (http_metadata_server_host or config.bind_host, http_metadata_server_port)
     paths = preflight(config, "master", NAME)
     if foreground:
-        raise typer.Exit(_run(paths, config, control_port, http))
-    emit(_spawn(paths, config, control_port, http), json_output,
-         lambda record: f"master serving on {record['address']}")
-
-
-class _Master(MasterDaemon):
-    """The master daemon, also naming the HTTP metadata server it runs beside (if any)."""
-
-    http_metadata_url = ""
-
-    def describe(self) -> dict:
-        extra = {"http_metadata_server": self.http_metadata_url} if self.http_metadata_url else {}
-        return {**super().describe(), **extra}
-
-
-def _run(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] | None) -> int:
-    """The master in this process, with the records `up` writes (pidfile, cluster.json), so
-    store clients, `mooncake status` and `mooncake down` find it."""
-    for directory in (paths.run_dir, paths.log_dir):
-        directory.mkdir(parents=True, exist_ok=True)
-    paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
-    cluster_id = uuid.uuid4().hex[:8]
-    write_json_atomic(paths.pidfile(NAME), {"pid": os.getpid(), "role": "master", "cluster_id": cluster_id,
-                                            "create_time": psutil.Process().create_time()})
-    for stale in (paths.announce_file(NAME), paths.exit_file(NAME)):
-        stale.unlink(missing_ok=True)
-    try:
-        metadata = HttpMetadataServer(*http) if http else None
-    except OSError as exc:
-        fail(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}")
-    try:
-        daemon = _Master(NAME, paths, config, cluster_id, port)
-        daemon.http_metadata_url = metadata.url if metadata else ""
-        write_json_atomic(paths.cluster_file, {
-            "cluster_id": cluster_id, "workdir": str(paths.workdir), "started_at": daemon.started_at,
-            "daemons": [{"name": NAME, "role": "master", "pid": os.getpid(), "address": daemon.server.address,
-                         "log": str(paths.log_file(NAME)),
-                         **({"http_metadata_server": metadata.url} if metadata else {})}]})
-        return daemon.run()
-    finally:
-        if metadata is not None:
-            metadata.close()
-
-
-def _spawn(paths: ClusterPaths, config: Config, port: int, http: tuple[str, int] | None) -> dict:
-    """Run the master as `start master --foreground` in a new session; return its announce record."""
-    args = ["--rpc_port", str(port)]
+        try:
+            raise typer.Exit(run_master(paths, config, NAME, control_port, http))
+        except MetadataServerUnavailable as exc:
+            fail(exc.message)
+    args = ["--rpc_port", str(control_port)]
     if http:
         args += ["--enable_http_metadata_server", "--http_metadata_server_host", http[0],
                  "--http_metadata_server_port", str(http[1])]
-    return spawn_in_background(paths, config, "master", NAME, args)
+    emit(launch(paths, config, "master", NAME, args), json_output,
+         lambda record: f"master serving on {record['address']}")

@@ -5,36 +5,30 @@ runs the same class `mooncake up` starts, with the pidfile and announce records 
 `mooncake status` and `mooncake down` on that host see it. Every role finds its master with
 ``--master ADDR`` or ``--master etcd://host:port[,host:port][/cluster]`` (following the elected
 leader); without it, the master of the same workdir. With ``--master`` the conductor registers
-its addresses with the master and the workers find it there (:mod:`daemons.service_registry`),
+its addresses with the master and the workers find it there (:mod:`daemons.cluster.service_registry`),
 so no two roles need to share a workdir or a host. Before starting, the advertised address is
 checked: a loopback address advertised to a master or etcd on another host is refused.
 
-Without --foreground the command runs itself again with --foreground in a new session, waits
-until the daemon answers, and prints its address.
+Without --foreground the command runs itself again with --foreground through the launcher
+(:mod:`daemons.launcher`: a new session, its records, waiting until the daemon answers) and
+prints its address.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
-import uuid
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
-import psutil
 import typer
-import yaml
 
-from daemons.advertise import check_reachable
-from daemons.paths import ClusterPaths, read_json, write_json_atomic
+from daemons.cluster.advertise import check_reachable
+from daemons.cluster.workdir import ClusterPaths
+from daemons.errors import DaemonStartFailed
+from daemons.launcher import live_daemons, run_in_foreground, start_in_background
 from daemons.roles import DAEMON_CLASSES
-from daemons.supervisor import live_daemons
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
+from mooncake_cli.output import JSON_HELP, emit, fail, fail_on, fail_to_start
 from transfer.errors import MooncakeError
-from transfer.rpc import RpcClient
 from transfer.settings import SECTIONS
 
 ROLES = ("store-client", "conductor", "prefill", "decode")
@@ -57,27 +51,11 @@ def _command(role: str) -> Callable:
     ) -> None:
         paths = preflight(config, role, name)
         if foreground:
-            raise typer.Exit(_run(paths, config, role, name, port))
-        emit(_spawn(paths, config, role, name, port), json_output,
+            raise typer.Exit(run_in_foreground(
+                paths, role, name, lambda cluster_id: DAEMON_CLASSES[role](name, paths, config, cluster_id, port)))
+        emit(launch(paths, config, role, name, ["--name", name, "--port", str(port)]), json_output,
              lambda record: f"{role} {name} serving on {record['address']}")
     return command
-
-
-def _run(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -> int:
-    for directory in (paths.run_dir, paths.log_dir):
-        directory.mkdir(parents=True, exist_ok=True)
-    # One cluster id per workdir (it names the shared memory `down` removes): the one already
-    # recorded here, else a new one recorded now.
-    cluster = read_json(paths.cluster_file)
-    cluster_id = cluster["cluster_id"] if cluster else uuid.uuid4().hex[:8]
-    if not cluster:
-        write_json_atomic(paths.cluster_file, {"cluster_id": cluster_id, "workdir": str(paths.workdir),
-                                               "started_at": time.time(), "daemons": []})
-    write_json_atomic(paths.pidfile(name), {"pid": os.getpid(), "role": role, "cluster_id": cluster_id,
-                                            "create_time": psutil.Process().create_time()})
-    for stale in (paths.announce_file(name), paths.exit_file(name)):
-        stale.unlink(missing_ok=True)
-    return DAEMON_CLASSES[role](name, paths, config, cluster_id, port).run()
 
 
 def preflight(config: Config, role: str, name: str) -> ClusterPaths:
@@ -93,39 +71,10 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     return paths
 
 
-def _spawn(paths: ClusterPaths, config: Config, role: str, name: str, port: int) -> dict:
-    return spawn_in_background(paths, config, role, name, ["--name", name, "--port", str(port)])
-
-
-def spawn_in_background(paths: ClusterPaths, config: Config, role: str, name: str, args: list[str]) -> dict:
-    """Run `start ROLE --foreground ARGS` in a new session; return its announce record once it
-    answers a health check. The child reads the settings we resolved from a file, with the
-    MOONCAKE_* variables taken out of its environment, so it resolves exactly our values."""
-    paths.log_dir.mkdir(parents=True, exist_ok=True)
-    settings = paths.workdir / f"{name}-settings.yaml"
-    settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
-    command = [sys.executable, "-m", "mooncake_cli", "start", role, "--foreground", *args,
-               "--workdir", str(paths.workdir), "--config", str(settings)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    with open(paths.log_file(name), "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                   start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
-    deadline = time.monotonic() + config.start_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            fail(f"the {role} exited with {process.returncode} during start-up; see {paths.log_file(name)}")
-        record = read_json(paths.announce_file(name))
-        if record and record.get("pid") == process.pid and _answers(record["address"]):
-            return record
-        time.sleep(0.05)
-    process.terminate()
-    fail(f"the {role} did not answer before the start timeout; see {paths.log_file(name)}")
-
-
-def _answers(address: str) -> bool:
-    with RpcClient(address, timeout=1.0) as client:
-        try:
-            client.call("health")
-            return True
-        except MooncakeError:
-            return False
+def launch(paths: ClusterPaths, config: Config, role: str, name: str, args: list[str]) -> dict:
+    """`start ROLE --foreground ARGS` in the background; its announce record once it answers."""
+    try:
+        return start_in_background(paths, config, name,
+                                   [sys.executable, "-m", "mooncake_cli", "start", role, "--foreground", *args])
+    except DaemonStartFailed as exc:
+        fail_to_start(exc)

@@ -1,6 +1,6 @@
 """`mooncake put/get/rm/exists`: one object in the running cluster's store.
 
-Each command is a library store client for its lifetime (see daemons.store_access): a put moves
+Each command is a library store client for its lifetime (see daemons.cluster.store_access): a put moves
 the bytes from this process into the replicas' segments, a get moves them back, verified.
 """
 
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from daemons.store_access import connect
+from daemons.cluster.store_access import connect
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, emit, fail, fail_on, stderr
-from store.errors import MooncakeError
+from transfer.errors import MooncakeError
 
 
 def expand_soft_pin_value(argv: list[str]) -> list[str]:
@@ -39,7 +38,7 @@ def expand_soft_pin_value(argv: list[str]) -> list[str]:
 def put(
     key: str = typer.Argument(..., help="Object key."),
     source: str = typer.Argument("-", help="File to store, or - for stdin."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", min=1,
+    replicas: int | None = typer.Option(None, "--replicas", min=1,
                                            help="Replicas on distinct segments, best effort [default: the replicas setting]."),
     soft_pin: bool = typer.Option(
         False, "--soft-pin", help="Evict this object last, for --soft-pin-ttl (--soft-pin=30m is the "
@@ -70,7 +69,7 @@ def put(
 @settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id")
 def get(
     key: str = typer.Argument(..., help="Object key."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
     *,
     config: Config,
 ) -> None:

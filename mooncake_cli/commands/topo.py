@@ -8,7 +8,6 @@ discovered matrix or for a matrix file. A malformed file exits 1 naming the path
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Group
@@ -27,7 +26,7 @@ app = typer.Typer(help="Discover and explain this host's topology matrix (NUMA, 
 _RANK_STYLE = {"preferred": "green", "secondary": "yellow", "skipped": "dim"}
 
 
-def _load(topology_file: Optional[str], config: Config):
+def _load(topology_file: str | None, config: Config):
     try:
         matrix, report = load_or_discover(topology_file, config.sysfs_root, config.include_virtual)
     except TopologyError as exc:
@@ -40,7 +39,7 @@ def _load(topology_file: Optional[str], config: Config):
 @app.command("discover")
 @settings_options("cluster", "sysfs_root", "include_virtual")
 def discover(
-    output: Optional[str] = typer.Option(None, "-o", "--output", show_default=False,
+    output: str | None = typer.Option(None, "-o", "--output", show_default=False,
                                          help=r"Where to write the matrix \[default: <workdir>/topology.json]."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *, config: Config,
@@ -59,7 +58,7 @@ def discover(
 @app.command("show")
 @settings_options("cluster", "sysfs_root", "include_virtual")
 def show(
-    file: Optional[str] = typer.Argument(None, show_default=False,
+    file: str | None = typer.Argument(None, show_default=False,
                                          help=r"Matrix file to explain \[default: the topology setting, else discover]."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *, config: Config,

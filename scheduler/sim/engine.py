@@ -11,9 +11,9 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
-from scheduler.cache_index import POOL
+from scheduler.cache_index import POOL, CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.sim.cost_model import CostModel
@@ -42,8 +42,9 @@ class SimSetup:
 class Simulator:
     def __init__(self, requests: Sequence[TraceRequest], cfg: SchedulerConfig, setup: SimSetup) -> None:
         self.requests, self.cfg, self.setup, self.cost = requests, cfg, setup, setup.cost
-        self.conductor = Conductor(cfg, prefill_model=self.cost.prefill, tbt_model=self.cost.decode)
-        index, bs = self.conductor.index, cfg.block_tokens
+        # The simulated caches report their own stores and evictions into the conductor's index.
+        index, bs = CacheIndex(), cfg.block_tokens
+        self.conductor = Conductor(cfg, index=index, prefill_model=self.cost.prefill, tbt_model=self.cost.decode)
         capacity = setup.cache_capacity_tokens
         self.prefill: dict[str, SimPrefill] = {}
         for i in range(setup.num_prefill):
@@ -179,7 +180,7 @@ class Simulator:
 
     def _sample(self, at: float) -> None:
         cfg = self.cfg
-        queues = [q.queue_time(at) for q in self.conductor.prefill.values()]
+        queues = list(self.conductor.prefill_queue_times(at).values())
         loads = [self.cost.tbt(len(d.members), d.context) / cfg.tbt_slo if cfg.tbt_slo > 0 else 0.0
                  for d in self.decode.values()]
         self.result.samples.append({

@@ -8,7 +8,7 @@ one-off tails that follow it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 from scheduler.cache_index import CacheIndex
 

@@ -7,7 +7,7 @@ then stores all of its blocks. With infinite capacity this is the trace's own re
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from scheduler.sim.lru import BlockLRU
 from scheduler.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest

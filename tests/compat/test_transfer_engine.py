@@ -68,7 +68,7 @@ def test_p2p_handshake_names_segments_by_rpc_port():
 
 @pytest.mark.parametrize("scheme", ["etcd://", ""])  # the original reads a bare host:port as etcd
 def test_etcd_metadata_server_holds_the_segments(tmp_path, scheme):
-    from daemons.etcd_server import EtcdServer
+    from daemons.ha.etcd_server import EtcdServer
     from tests.conftest import require_program
 
     require_program("etcd", "etcd-server")

@@ -11,9 +11,9 @@ import time
 
 import psutil
 
-from daemons.paths import ClusterPaths
-from daemons.supervisor import daemon_address, local_daemon_address
-from transfer.rpc import RpcClient
+from daemons.cluster.directory import daemon_address, local_daemon_address
+from daemons.cluster.workdir import ClusterPaths
+from transfer.rpc.client_server import RpcClient
 
 
 def test_daemons_announce_a_unix_socket_that_answers_like_tcp(mooncake):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import time
 
-from daemons.paths import ClusterPaths
-from daemons.store_access import connect
+from daemons.cluster.store_access import connect
+from daemons.cluster.workdir import ClusterPaths
 from transfer.settings import resolve
 
 # Small segments and fast liveness, so faults resolve in about a second.

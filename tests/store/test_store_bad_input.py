@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from daemons.supervisor import daemon_address
+from daemons.cluster.directory import daemon_address
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
 from store_cluster import FAST, client_for, paths_of
 from transfer.errors import UnknownOperation
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 
 def test_bad_requests_get_errors_and_the_master_keeps_serving(mooncake):

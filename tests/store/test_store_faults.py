@@ -91,7 +91,7 @@ def test_master_restart_under_load_loses_no_object_on_a_live_segment(mooncake):
 
 
 def _announce_status(paths):
-    from transfer.rpc import RpcClient
+    from transfer.rpc.client_server import RpcClient
 
     address = json.loads(paths.announce_file("store-client-0").read_text())["address"]
     with RpcClient(address, timeout=2) as rpc:

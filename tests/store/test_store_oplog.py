@@ -82,7 +82,7 @@ def test_removed_evicted_and_revoked_objects_leave_the_log():
 
 
 def test_a_change_made_and_undone_between_flushes_costs_one_delete():
-    m, etcd = leader(), {}
+    m = leader()
     m.put_start("c1", "brief", 100, 1.0, ReplicateConfig(preferred_segments=("s1",)))
     m.put_end("c1", "brief", 1.0)
     m.remove("brief", 1.0)

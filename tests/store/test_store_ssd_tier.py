@@ -11,7 +11,7 @@ import psutil
 import xxhash
 
 from daemons import supervisor
-from transfer.rpc import RpcClient
+from transfer.rpc.client_server import RpcClient
 
 from store_cluster import FAST, client_for, config_for, paths_of, value_for, wait_until
 
@@ -31,7 +31,7 @@ def test_evicted_objects_are_read_back_from_disk_and_promoted_after_two_reads(mo
         for key in keys:
             client.put(key, value_for(key, SIZE))
             # The owner copies it to disk on its next ping (every 100 ms), before it can be evicted.
-            wait_until(lambda: "LOCAL_DISK" in tiers(client, key), timeout=5)
+            wait_until(lambda: "LOCAL_DISK" in tiers(client, key), timeout=5)  # noqa: B023 (waited on here)
         counters = client.master.inspect()
         assert counters["num_evicted_to_disk"] > 0 and counters["num_objects"] == COUNT
         on_disk_only = [k for k in keys if tiers(client, k) == ["LOCAL_DISK"]]

@@ -12,7 +12,7 @@ import pytest
 
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
-from transfer.shm import PREFIX, SHM_DIR
+from transfer.shm.region import PREFIX, SHM_DIR
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -77,7 +77,7 @@ class TargetProcess:
         for stream in (self.proc.stdin, self.proc.stdout):
             stream.close()
         # A killed target cannot unlink its regions; the sweep every engine runs at start does.
-        from transfer.shm import remove_orphans
+        from transfer.shm.region import remove_orphans
         remove_orphans()
 
 

@@ -124,7 +124,7 @@ def test_striping_uses_several_streams_and_a_small_pool_evicts(make_engine):
 
 
 def test_metadata_served_by_a_master_table(make_engine):
-    from transfer.metadata_table import MetadataTable
+    from transfer.metadata.table import MetadataTable
 
     table = MetadataTable()
     target = make_engine(metadata=table, protocol="shm")

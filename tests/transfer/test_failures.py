@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from transfer.batch import OpCode, Status, TransferRequest
-from transfer.metadata_table import MetadataTable
+from transfer.metadata.table import MetadataTable
 
 MiB = 1 << 20
 FAST_FAIL = dict(protocol="tcp", transfer_timeout=4.0, slice_timeout=1.0, handshake_timeout=1.0,

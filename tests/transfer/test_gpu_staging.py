@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_verbs import Fabric, FakeVerbs
+from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
-from transfer.device_memory import view_address
 from transfer.engine import TransferEngine
 from transfer.engine_options import EngineOptions
+from transfer.gpu.device_memory import view_address
 from transfer.memory import address_of
 
 KiB, MiB = 1 << 10, 1 << 20

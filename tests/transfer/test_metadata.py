@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from transfer.batch import cut
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
 from transfer.errors import InvalidArgument, SegmentNotFound
-from transfer.metadata_client import MasterMetadata
-from transfer.metadata_table import MetadataTable, serve_metadata
-from transfer.paths import PathSet
-from transfer.rpc import RpcServer
-from transfer.slicing import cut
+from transfer.metadata.client import MasterMetadata
+from transfer.metadata.table import MetadataTable, serve_metadata
+from transfer.path_selection import PathSet
+from transfer.rpc.client_server import RpcServer
 
 
 def _descriptor(name: str, incarnation: str) -> SegmentDescriptor:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import require_program
-from transfer.shm import remove_orphans
+from transfer.shm.region import remove_orphans
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))

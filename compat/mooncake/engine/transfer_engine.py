@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from mooncake._codes import logged
 from mooncake._raw_memory import array_at
@@ -33,10 +34,10 @@ from transfer.batch import OpCode, Status, TransferRequest
 from transfer.engine import TransferEngine as OurEngine
 from transfer.engine_options import EngineOptions
 from transfer.errors import InvalidArgument
-from transfer.etcd_metadata import EtcdMetadata
-from transfer.http_metadata import HttpMetadata
-from transfer.leader import ETCD_SCHEME
+from transfer.etcd.leader import ETCD_SCHEME
 from transfer.memory import address_of
+from transfer.metadata.etcd_backend import EtcdMetadata
+from transfer.metadata.http_backend import HttpMetadata
 from transfer.settings import setting
 
 log = logging.getLogger("mooncake")

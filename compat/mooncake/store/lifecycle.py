@@ -18,13 +18,15 @@ SGLang passes them when setup takes them, and our SSD tier is a master setting.
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from mooncake._codes import INVALID_PARAMS, code_of, logged
 from mooncake._setup_args import (P2P, SetupError, bind_address, check_metadata_server, engine_protocol,
                                   master_address, parse_size, reserve_port, split_hostname)
 from store.client import StoreClient
-from store.errors import MooncakeError, ObjectAlreadyExists
+from store.errors import ObjectAlreadyExists
+from transfer.errors import MooncakeError
 from transfer.settings import resolve
 
 DEFAULT_SIZE = 16 * 2**20

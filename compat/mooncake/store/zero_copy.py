@@ -168,7 +168,7 @@ class _Staging:
         self.array = np.empty(max(size, 1), dtype=np.uint8)
         self.offset = 0
 
-    def __enter__(self) -> "_Staging":
+    def __enter__(self) -> _Staging:
         self.base = self.client.register_buffer(self.array)
         return self
 

@@ -1,0 +1,85 @@
+"""The conductor daemon: the scheduler policy, live, with an HTTP front end.
+
+RPC operations the workers call (see :mod:`daemons.serving.service` for what each does)::
+
+    conductor.heartbeat     {"name", "role", "address", "kv_capacity_tokens", ...load}
+    conductor.prefill_done  a prefill worker's report (daemons.workers.prefill)
+    conductor.tokens        a decode worker's step (daemons.workers.decode)
+
+Its tick drops workers whose heartbeats stopped. The HTTP front end (``http_port``, 0: any free
+port) is announced as ``http_address`` in its announce record and cluster.json, which is how
+`mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
+size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
+both addresses and the block size with the master as the ``conductor`` service and keeps them
+registered (:mod:`daemons.cluster.service_registry`), so workers and `mooncake generate --master`
+on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size
+are all it needs to check prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from daemons.base import Daemon
+from daemons.cluster.advertise import advertise_host, advertised
+from daemons.cluster.service_registry import ServiceRegistration
+from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
+from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.service import ServingService
+
+
+def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
+    if tokenizer is not None:
+        return tokenizer.vocab_size
+    hf = json.loads((Path(config.model_dir) / "config.json").read_text())
+    return ModelConfig.from_hf(hf).vocab_size
+
+
+class ConductorDaemon(Daemon):
+    role = "conductor"
+    tick_interval = 0.1
+
+    registration = None  # with --master: our record kept registered there
+
+    def setup(self) -> None:
+        self.service = ServingService(self.config)
+        self.server.register("conductor.heartbeat", self.service.heartbeat)
+        # A late report frees an orphan's decode pages with a call to the worker: off the I/O thread.
+        self.server.register("conductor.prefill_done", self.service.prefill_done, blocking=True)
+        self.server.register("conductor.tokens", self.service.tokens)
+        tokenizer = build_tokenizer(self.config)
+        self.http = FrontEnd(self.config.bind_host, self.config.http_port, self.service, tokenizer,
+                             vocab_size(self.config, tokenizer), self.config.http_max_body,
+                             self.config.default_max_tokens)
+        self.http_thread = threading.Thread(target=self.http.serve_forever, name="http", daemon=True)
+        self.http_thread.start()
+        if self.config.master:
+            # Other hosts need the address they can reach, not the one we bound.
+            http_port = self.http.server_address[1]
+            self.registration = ServiceRegistration(self.config.master, {
+                "name": "conductor", "address": advertised(self.server.address, self.config),
+                "http_address": f"http://{advertise_host(self.config)}:{http_port}",
+                "kv_block_tokens": self.config.kv_block_tokens}, self.config.rpc_timeout)
+            self.registration.refresh(strict=True)
+
+    def tick(self, now: float) -> None:
+        self.service.check_liveness(now)
+        if self.registration is not None:
+            self.registration.tick(now)
+
+    def teardown(self) -> None:
+        if self.registration is not None:
+            self.registration.close()
+        if hasattr(self, "http"):
+            self.http.shutdown()
+            self.http.server_close()
+
+    def describe(self) -> dict[str, Any]:
+        if not hasattr(self, "http"):
+            return {}
+        workers = self.service.worker_counts()
+        return {"http_address": self.http.url, "kv_block_tokens": self.config.kv_block_tokens,
+                "prefill_workers": workers["prefill"], "decode_workers": workers["decode"]}

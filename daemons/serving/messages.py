@@ -1,0 +1,125 @@
+"""The messages between the conductor and its prefill and decode workers, typed.
+
+Each is a dataclass on both ends and a msgpack map on the wire (``to_wire`` / ``from_wire``), with
+the keys the protocol has always had, so either side can be read from its map alone. A request's
+messages, in order::
+
+    decode.reserve  -> KvTarget        the decode worker's pages reserved for the request
+    prefill.run        PrefillJob      what the prefill worker computes, and where its KV goes
+    conductor.prefill_done PrefillReport  the first token, the prefix reused and stored, timings
+    conductor.tokens   DecodeStep      one decode step: a token (or an end) per request stepped
+
+Optional fields that are None are left out of the map: a failed prefill reports only
+``request_id``, ``ok`` and ``error``, and ``pipelined`` travels only from a CPP group. The workers
+import these from here, as they import :mod:`daemons.serving.errors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KvTarget:
+    """Pages on a decode worker that a prefill writes the request's KV into."""
+
+    segment: str  # the decode worker's transfer-engine segment
+    kv_address: int  # where its KV cache starts in that segment
+    block_ids: list[int]  # the pages reserved for the request, in prompt order
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"segment": self.segment, "kv_address": self.kv_address, "block_ids": list(self.block_ids)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> KvTarget:
+        return cls(message["segment"], message["kv_address"], list(message["block_ids"]))
+
+
+@dataclass(frozen=True)
+class PrefillJob:
+    request_id: str
+    token_ids: list[int]
+    load_blocks: int  # leading prompt blocks to load from the store instead of computing
+    store: bool  # put the prompt's new full blocks in the store
+    decode: KvTarget
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "token_ids": self.token_ids, "load_blocks": self.load_blocks,
+                "store": self.store, "decode": self.decode.to_wire()}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> PrefillJob:
+        return cls(message["request_id"], message["token_ids"], message["load_blocks"], message["store"],
+                   KvTarget.from_wire(message["decode"]))
+
+
+@dataclass
+class PrefillTimings:
+    """Seconds one prefill spent in each phase (``queue`` is filled in by the job queue)."""
+
+    queue: float = 0.0
+    load: float = 0.0
+    compute: float = 0.0
+    store: float = 0.0
+    transfer: float = 0.0
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> PrefillTimings:
+        return cls(**{f.name: message[f.name] for f in fields(cls) if f.name in message})
+
+
+@dataclass
+class PrefillReport:
+    request_id: str
+    ok: bool
+    error: str | None = None
+    first_token: int | None = None
+    loaded_blocks: int | None = None  # prefix blocks loaded from the store
+    stored_blocks: int | None = None  # leading prompt blocks in the store once the job ended
+    kv_bytes: int | None = None  # bytes written into the decode worker's pages
+    pipelined: bool | None = None  # a CPP group: whether its stages pipelined the prompt
+    timings: PrefillTimings | None = None
+
+    @classmethod
+    def failed(cls, request_id: str, error: str) -> PrefillReport:
+        return cls(request_id, False, error)
+
+    def to_wire(self) -> dict[str, Any]:
+        message = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if self.timings is not None:
+            message["timings"] = asdict(self.timings)
+        return message
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> PrefillReport:
+        timings = message.get("timings")
+        return cls(**{f.name: message.get(f.name) for f in fields(cls) if f.name != "timings"},
+                   timings=PrefillTimings.from_wire(timings) if timings is not None else None)
+
+
+@dataclass(frozen=True)
+class DecodedToken:
+    request_id: str
+    token: int | None  # None when the sequence ended without a token
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One step of a decode worker's batch; with ``batch`` (sequences stepped) and ``context``
+    (tokens they attended over), ``step_s`` is what the conductor refits its TBT model from."""
+
+    step_s: float
+    batch: int
+    context: int
+    events: list[DecodedToken] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"events": [[e.request_id, e.token, e.finish_reason] for e in self.events],
+                "step_s": self.step_s, "batch": self.batch, "context": self.context}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DecodeStep:
+        return cls(message["step_s"], message["batch"], message["context"],
+                   [DecodedToken(*event) for event in message["events"]])

@@ -1,0 +1,303 @@
+"""The conductor's request path: schedule, reserve decode pages, prefill, decode, stream back.
+
+One request's life, driven by the thread that serves it (:meth:`ServingService.generate`)::
+
+    submit:  schedule (the scheduler/ policy: prefill + decode pair, or early rejection -> 429)
+             -> decode.reserve (pages for prompt + max_tokens on the planned decode worker)
+             -> prefill.run (queued on the prefill worker; it loads the prefix from the store,
+                computes the rest, stores new blocks and writes the KV into the reserved pages)
+    run:     wait for conductor.prefill_done -> admit_decode -> first token (TTFT)
+             -> decode.start -> one conductor.tokens event per step until the request finishes
+
+Worker reports arrive as RPCs and only land in the request's event queue, so all decisions for a
+request happen on its own thread. Liveness is heartbeats: a worker silent for ``worker_timeout``
+(or one that fails a call) is removed from the policy, and every request it was serving gets an
+error event at once instead of waiting out its deadline.
+
+Decode pages reserved for a request are freed once nothing can write into them any more: when
+the request ends after its prefill reported, or when the prefill worker is gone; a request that
+ends while its prefill may still be writing leaves an orphan whose late report frees them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+from collections.abc import Iterator
+
+from daemons.model import KVCacheFull
+from daemons.serving.completion_request import CompletionRequest
+from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
+from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
+from daemons.serving.metrics import Series, ServingMetrics, series
+from daemons.serving.state import Flight, Worker, prefill_model
+from scheduler.block_hash import prefix_block_keys
+from scheduler.conductor import Conductor
+from scheduler.config import SchedulerConfig
+from scheduler.errors import NoInstances
+from scheduler.types import REJECT_DECODE, ScheduleRequest
+from transfer.errors import MooncakeError
+from transfer.rpc.client_server import Request, RpcClient
+from transfer.settings import Config
+
+log = logging.getLogger(__name__)
+
+
+class ServingService:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.sched = SchedulerConfig.from_config(config)
+        self.conductor = Conductor(self.sched)
+        self.lock = threading.Lock()
+        self.workers: dict[str, Worker] = {}
+        self.flights: dict[str, Flight] = {}
+        self.metrics = ServingMetrics()
+        self.call_timeout = min(config.rpc_timeout, 2.0)
+
+    # -- worker reports (RPC handlers) -------------------------------------------------------
+
+    def heartbeat(self, request: Request) -> dict:
+        args, now = request.args, time.monotonic()
+        with self.lock:
+            worker = self.workers.get(args["name"])
+            if worker is None or worker.address != args["address"]:
+                if worker is not None:
+                    worker.client.close()
+                worker = Worker(args["name"], args["role"], args["address"],
+                                RpcClient(args["address"], timeout=self.call_timeout), now)
+                self.workers[worker.name] = worker
+                if worker.role == "prefill":
+                    self.conductor.add_prefill(worker.name, prefill_model(self.conductor, args))
+                else:
+                    self.conductor.add_decode(worker.name, args["kv_capacity_tokens"])
+                log.info("%s worker %s joined at %s", worker.role, worker.name, worker.address)
+            worker.last_seen, worker.load = now, args
+        return {"ok": True}
+
+    def prefill_done(self, request: Request) -> dict:
+        report = PrefillReport.from_wire(request.args)
+        with self.lock:
+            flight = self.flights.get(report.request_id)
+            if flight is None:
+                return {"known": False}
+            flight.prefill_reported = True
+            if flight.orphaned:
+                del self.flights[flight.request_id]
+        if flight.orphaned:
+            self._release_pages(flight)
+        else:
+            flight.events.put(("prefill", report))
+        return {"known": True}
+
+    def tokens(self, request: Request) -> dict:
+        step = DecodeStep.from_wire(request.args)
+        with self.lock:
+            routed = [(self.flights.get(event.request_id), event) for event in step.events]
+            self.conductor.observe_decode(step.batch, step.context, step.step_s)
+        for flight, event in routed:
+            if flight is not None:
+                flight.events.put(("token", event.token, event.finish_reason))
+        return {"ok": True}
+
+    def check_liveness(self, now: float) -> None:
+        silent = [w.name for w in list(self.workers.values())
+                  if now - w.last_seen > self.config.worker_timeout]
+        for name in silent:
+            self._drop_worker(name, f"stopped answering for {self.config.worker_timeout:g}s")
+
+    def _drop_worker(self, name: str, why: str) -> None:
+        with self.lock:
+            worker = self.workers.pop(name, None)
+            if worker is None:
+                return
+            self.conductor.remove_instance(name)
+            hit = [f for f in self.flights.values() if name in (f.decision.prefill_id, f.decision.decode_id)]
+            for flight in hit:
+                flight.prefill_gone |= flight.decision.prefill_id == name
+        log.warning("dropping %s worker %s: %s", worker.role, name, why)
+        worker.client.close()
+        for flight in hit:
+            flight.events.put(("error", f"{worker.role} worker {name} {why}"))
+
+    # -- one request ---------------------------------------------------------------------------
+
+    def submit(self, request: CompletionRequest) -> Flight:
+        """Schedule the request and start its prefill; Rejected (429) or NoWorkers (503) if not."""
+        capacity = self.capacity_tokens()
+        if capacity and len(request.token_ids) + request.max_tokens > capacity:
+            raise BadRequest(f"prompt ({len(request.token_ids)} tokens) plus max_tokens "
+                             f"({request.max_tokens}) exceed a decode worker's KV cache ({capacity} tokens)")
+        now = time.monotonic()
+        request_id = f"cmpl-{uuid.uuid4().hex[:16]}"
+        keys = prefix_block_keys(request.token_ids, self.sched.block_tokens, seed=self.sched.hash_seed)
+        wanted = ScheduleRequest(request_id, keys if request.prefix_reuse else [],
+                                 len(request.token_ids), request.max_tokens)
+        with self.lock:
+            try:
+                decision = self.conductor.schedule(wanted, now)
+            except NoInstances as exc:
+                raise NoWorkers(f"no workers to serve the request: {exc.message}") from None
+            if not decision.accepted:
+                self.metrics.count("mooncake_rejections_total", reason=decision.reason)
+                raise Rejected(f"rejected early ({decision.reason}): predicted TTFT "
+                               f"{decision.predicted_ttft:.3f}s, decode load {decision.decode_load:.2f}",
+                               decision.reason, max(1, math.ceil(decision.predicted_queue)))
+            flight = Flight(request_id, request, keys, decision, now, now + self.config.request_timeout)
+            self.flights[request_id] = flight
+            prefill, decode = self.workers[decision.prefill_id], self.workers[decision.decode_id]
+        try:
+            flight.reservation = KvTarget.from_wire(decode.client.call("decode.reserve", {
+                "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens}))
+            prefill.client.call("prefill.run", PrefillJob(
+                request_id, request.token_ids, decision.prefix_tokens // self.sched.block_tokens,
+                request.prefix_reuse, flight.reservation).to_wire())
+        except KVCacheFull as exc:
+            self._finish(flight)
+            self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
+            raise Rejected(f"rejected: decode worker {decode.name} has no room ({exc.message})",
+                           "kv_cache_full") from None
+        except MooncakeError as exc:
+            failed = decode if flight.reservation is None else prefill
+            flight.prefill_gone = True  # whatever happened, this prefill will not write the pages
+            self._finish(flight)
+            self._drop_worker(failed.name, f"failed a call ({exc.message})")
+            raise GenerationFailed(f"{failed.role} worker {failed.name} failed: {exc.message}") from None
+        return flight
+
+    def generate(self, flight: Flight) -> Iterator[tuple[int, str | None]]:
+        """(token, finish_reason) as the workers produce them; GenerationFailed/Timeout on trouble.
+        Closing the iterator early (client gone) cancels the request."""
+        try:
+            report = self._next(flight, "prefill")
+            if not report.ok:
+                raise GenerationFailed(f"prefill on {flight.decision.prefill_id} failed: {report.error}")
+            first = self._prefilled(flight, report)
+            started = self._call_decode(flight, "decode.start", {"request_id": flight.request_id,
+                                                                 "first_token": first})
+            flight.decode_started = True
+            finish = started["finish_reason"]
+            flight.token_ids.append(first)
+            yield first, finish
+            last = time.monotonic()
+            while finish is None:
+                token, finish = self._next(flight, "token")
+                now = time.monotonic()
+                flight.gaps.append(now - last)
+                self.metrics.observe_tbt(now - last)
+                last = now
+                if token is None:
+                    raise GenerationFailed(f"decode on {flight.decision.decode_id} ended: {finish}")
+                flight.token_ids.append(token)
+                yield token, finish
+            flight.completed = True
+        finally:
+            self._finish(flight)
+
+    def _prefilled(self, flight: Flight, report: PrefillReport) -> int:
+        """Book the finished prefill with the policy and admit the request to decode."""
+        now, decision, size = time.monotonic(), flight.decision, self.sched.block_tokens
+        flight.report, flight.ttft = report, now - flight.arrived
+        timings = report.timings
+        with self.lock:
+            self.conductor.prefill_finished(
+                flight.request_id, now, transfer_tokens=decision.transfer_tokens,
+                transfer_seconds=timings.load if decision.transfer_tokens else None)
+            self.conductor.observe_prefill(len(flight.request.token_ids), report.loaded_blocks * size,
+                                           timings.compute, decision.prefill_id)
+            if report.stored_blocks:
+                self.conductor.blocks_stored(decision.prefill_id, flight.keys[:report.stored_blocks])
+            admitted = self.conductor.admit_decode(flight.request_id, now)
+        self.metrics.observe_ttft(flight.ttft)
+        self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
+        self.metrics.count("mooncake_prefix_hit_tokens_total", report.loaded_blocks * size)
+        if admitted != decision.decode_id:
+            # The KV sits in the planned instance's pages; elsewhere it would have to move again.
+            self.metrics.count("mooncake_rejections_total", reason=REJECT_DECODE)
+            raise Rejected(f"rejected after prefill: decode worker {decision.decode_id} is full", REJECT_DECODE)
+        return report.first_token
+
+    def _next(self, flight: Flight, kind: str) -> Any:
+        try:
+            event = flight.events.get(timeout=max(0.0, flight.deadline - time.monotonic()))
+        except queue.Empty:
+            raise GenerationTimeout(f"no {kind} within request_timeout "
+                                    f"({self.config.request_timeout:g}s)") from None
+        if event[0] == "error":
+            raise GenerationFailed(event[1])
+        return event[1] if kind == "prefill" else event[1:]
+
+    def _call_decode(self, flight: Flight, op: str, args: dict) -> dict:
+        with self.lock:
+            decode = self.workers.get(flight.decision.decode_id)
+        if decode is None:
+            raise GenerationFailed(f"decode worker {flight.decision.decode_id} is gone")
+        try:
+            return decode.client.call(op, args)
+        except MooncakeError as exc:
+            self._drop_worker(decode.name, f"failed a call ({exc.message})")
+            raise GenerationFailed(f"decode worker {decode.name} failed: {exc.message}") from None
+
+    def _finish(self, flight: Flight) -> None:
+        """Close the request's books and free what it holds, however it ended."""
+        now, rid = time.monotonic(), flight.request_id
+        with self.lock:
+            self.conductor.abandon(rid, now)
+            free_now = not flight.completed and (flight.decode_started or flight.prefill_reported
+                                                 or flight.prefill_gone)
+            flight.orphaned = not flight.completed and not free_now and flight.reservation is not None
+            if not flight.orphaned:
+                self.flights.pop(rid, None)
+        self.metrics.count("mooncake_requests_total", outcome="completed" if flight.completed else "failed")
+        if free_now and flight.reservation is not None:
+            self._release_pages(flight)
+
+    def _release_pages(self, flight: Flight) -> None:
+        with self.lock:
+            decode = self.workers.get(flight.decision.decode_id)
+        if decode is None:
+            return  # the worker is gone, and its pages with it
+        try:
+            decode.client.call("decode.release", {"request_id": flight.request_id})
+        except MooncakeError as exc:
+            log.warning("could not free decode pages of %s on %s: %s", flight.request_id, decode.name, exc)
+
+    # -- what the front end shows ----------------------------------------------------------------
+
+    def summary(self, flight: Flight) -> dict:
+        report = flight.report
+        return {
+            "request_id": flight.request_id, "ttft_s": flight.ttft,
+            "tbt_s": sum(flight.gaps) / len(flight.gaps) if flight.gaps else None,
+            "prompt_tokens": len(flight.request.token_ids),
+            "prefix_tokens": (report.loaded_blocks if report else 0) * self.sched.block_tokens,
+            "prefill": flight.decision.prefill_id, "decode": flight.decision.decode_id,
+            "reason": flight.decision.reason, "transfer_from": flight.decision.transfer_from,
+            "timings": asdict(report.timings) if report and report.timings else {},
+        }
+
+    def gauges(self) -> dict[Series, float]:
+        with self.lock:
+            values = {series("mooncake_inflight_requests"): len(self.flights)}
+            for name, length in self.conductor.prefill_queue_lengths().items():
+                values[series("mooncake_prefill_queue_length", instance=name)] = length
+            for name, size in self.conductor.decode_batch_sizes().items():
+                values[series("mooncake_decode_batch_size", instance=name)] = size
+        for role, count in self.worker_counts().items():
+            values[series("mooncake_workers", role=role)] = count
+        return values
+
+    def worker_counts(self) -> dict[str, int]:
+        """Live workers per role, prefill and decode."""
+        with self.lock:
+            return {role: sum(w.role == role for w in self.workers.values()) for role in ("prefill", "decode")}
+
+    def capacity_tokens(self) -> int:
+        """KV tokens the smallest decode worker holds: no request may need more."""
+        with self.lock:
+            return self.conductor.smallest_kv_capacity()

@@ -1,0 +1,109 @@
+"""What the prefill and decode workers share: the model, the KV layout and the conductor link.
+
+A worker finds the conductor through its announce file (``up`` starts the conductor first), or,
+started with ``--master`` on a host of its own, through the master's service table
+(:mod:`daemons.cluster.service_registry`), which it reads again every ``REFRESH_INTERVAL`` so that it
+follows a conductor restarted elsewhere. It heartbeats to it every ``HEARTBEAT_INTERVAL``; the
+first heartbeat happens in :meth:`setup`, so a worker that `up` reports healthy is already
+registered. The heartbeat carries what the conductor schedules with (KV capacity, load) and
+doubles as liveness: a worker silent for ``worker_timeout`` is dropped and its in-flight
+requests fail.
+
+Every worker runs torch on one thread: the tiny model's matmuls are too small to share, and
+stored KV is reusable bit for bit only when every worker computes it with the same thread count.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from daemons.base import Daemon
+from daemons.cluster.advertise import advertised
+from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
+from daemons.cluster.workdir import read_json
+from daemons.model import build_model, kv_layout
+from transfer.errors import MooncakeError
+from transfer.rpc.client_server import RpcClient
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 0.25  # seconds; worker_timeout (default 2 s) spans several missed beats
+
+
+class WorkerDaemon(Daemon):
+    tick_interval = 0.05
+
+    def setup(self) -> None:
+        torch.set_num_threads(1)
+        self.model = build_model(self.config)
+        self.layout = kv_layout(self.config, self.model)
+        self.master_address = self.config.master or self._announced("master")
+        # The address we give the conductor: with --master it may be on another host.
+        self.address = advertised(self.server.address, self.config) if self.config.master else self.server.address
+        self.conductor_address = self._conductor_address()
+        self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
+        self.setup_worker()
+        self.next_heartbeat = 0.0
+        self.next_lookup = time.monotonic() + REFRESH_INTERVAL
+        self._heartbeat(strict=True)
+
+    def setup_worker(self) -> None:
+        """Build the KV cache, engines and threads; register operations."""
+
+    def load(self) -> dict[str, Any]:
+        """What the conductor learns with each heartbeat, besides name, role and address."""
+        return {}
+
+    def tick(self, now: float) -> None:
+        if self.config.master and now >= self.next_lookup:
+            self._follow_conductor()
+        if now >= self.next_heartbeat:
+            self._heartbeat(strict=False)
+
+    def teardown(self) -> None:
+        if hasattr(self, "conductor"):
+            self.conductor_client.close()
+
+    def describe(self) -> dict[str, Any]:
+        return self.load() if hasattr(self, "layout") else {}
+
+    def _announced(self, name: str) -> str:
+        record = read_json(self.paths.announce_file(name))
+        if not record:
+            raise RuntimeError(f"no {name} announced in {self.paths.workdir}: start it first")
+        return record["address"]
+
+    def _conductor_address(self) -> str:
+        if self.config.master:
+            return lookup_service(self.config.master, "conductor", self.config.rpc_timeout)["address"]
+        return self._announced("conductor")
+
+    def _follow_conductor(self) -> None:
+        """Move to the conductor the master names now, if it moved; threads calling the old
+        client meanwhile get an RpcError and log it, as for any lost report."""
+        self.next_lookup = time.monotonic() + REFRESH_INTERVAL
+        try:
+            address = self._conductor_address()
+        except MooncakeError as exc:
+            log.warning("could not look the conductor up at the master: %s", exc)
+            return
+        if address != self.conductor_address:
+            log.info("the conductor moved from %s to %s", self.conductor_address, address)
+            old, self.conductor_address = self.conductor_client, address
+            self.conductor_client = RpcClient(address, timeout=self.config.rpc_timeout)
+            old.close()
+
+    def _heartbeat(self, strict: bool) -> None:
+        self.next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL
+        beat = {"name": self.name, "role": self.role, "address": self.address,
+                "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size, **self.load()}
+        try:
+            self.conductor_client.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))
+        except MooncakeError as exc:
+            if strict:
+                raise
+            log.warning("heartbeat to the conductor failed: %s", exc)

@@ -1,0 +1,133 @@
+"""A CPP prefill group: X stage processes that together act as one prefill instance.
+
+The group starts the stages (``daemons.workers.cpp.stage``), wires stage k's outbox to stage k+1's inbox
+(their transfer-engine segments, exchanged once at start), and runs prompts: one longer than
+``prefill_chunk`` new tokens goes to every stage as a pipelined job, a shorter one to stage 0
+alone. A job runs in two rounds: each stage loads the cached prefix of its layers and says how
+many blocks it has; the group starts every stage from the fewest, so all compute from the same
+token. Each stage answers when its share is computed, written to the decode worker and stored;
+the group's answer is TTFT (job sent to logits ready on the last stage) and when the last stage
+finished storing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from daemons.model import reusable_blocks
+from daemons.serving.errors import GenerationFailed
+from daemons.workers.cpp.stage import stage_main
+from transfer.errors import TransferTimeout
+from transfer.settings import Config
+
+START_TIMEOUT = 120.0  # seconds for a stage to import torch and build its layers on a busy host
+
+
+class StageFailed(GenerationFailed):
+    """A stage of the group reported an error; travels as GenerationFailed's code."""
+
+
+class PrefillGroup:
+    def __init__(self, config: Config, stages: int, *, with_store: bool = False,
+                 master: tuple[str, str] | None = None) -> None:
+        """``with_store``: each stage is a client of the cluster in ``config.workdir``, or of
+        ``master`` (address, cluster id) when a daemon of a cluster still starting runs the group."""
+        context = multiprocessing.get_context("spawn")  # no forked torch or engine threads
+        self.config, self.stages = config, stages
+        links = [context.Pipe() for _ in range(stages - 1)]
+        self.jobs: list[Connection] = []
+        self.procs = []
+        for k in range(stages):
+            mine, theirs = context.Pipe()
+            prev = links[k - 1][1] if k else None
+            next_ = links[k][0] if k < stages - 1 else None
+            proc = context.Process(target=stage_main, name=f"cpp-stage-{k}", daemon=True,
+                                   args=(dict(config.values), k, stages, theirs, prev, next_,
+                                         master or with_store))
+            proc.start()
+            self.jobs.append(mine)
+            self.procs.append(proc)
+        try:
+            hellos = [self._answer(k, START_TIMEOUT) for k in range(stages)]
+            for k in range(stages):
+                self.jobs[k].send(hellos[k + 1] if k + 1 < stages else None)
+            for k in range(stages):
+                self._answer(k, START_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> PrefillGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _answer(self, k: int, timeout: float) -> Any:
+        if not self.jobs[k].poll(timeout):
+            raise TransferTimeout(f"stage {k} did not answer within {timeout:g}s "
+                                  f"(alive: {self.procs[k].is_alive()})")
+        try:
+            return self.jobs[k].recv()
+        except EOFError:
+            raise StageFailed(f"stage {k} exited (code {self.procs[k].exitcode})") from None
+
+    def prefill(self, token_ids: list[int], *, load_blocks: int = 0, decode: dict | None = None,
+                store: str = "none", want_kv: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+        """Prefill one prompt, loading up to ``load_blocks`` prefix blocks from the store and
+        writing the KV into ``decode``'s pages; {"first_token", "logits", "ttft", "done",
+        "pipelined", "loaded_blocks", "stored_blocks", "kv_bytes", "timings", "stages": [...]}."""
+        size = self.config.kv_block_tokens
+        planned = reusable_blocks(len(token_ids), size, load_blocks) * size
+        pipelined = self.stages > 1 and len(token_ids) - planned > self.config.prefill_chunk
+        targets = range(self.stages) if pipelined else range(1)
+        sent = time.monotonic()
+        for k in targets:
+            self.jobs[k].send({"token_ids": token_ids, "pipelined": pipelined, "store": store, "want_kv": want_kv,
+                               "load_blocks": load_blocks, "decode": decode})
+        loads = self._round(targets, timeout, abort=True)
+        hit = min(a["loaded"] for a in loads)
+        began = time.monotonic()
+        for k in targets:
+            self.jobs[k].send(hit * size)
+        answers = self._round(targets, timeout, abort=False)
+        last = answers[-1]
+        logits = np.frombuffer(last["logits"], dtype=np.float32)
+        stored = min(a["stored"] for a in answers) if store != "none" else 0
+        return {"first_token": int(logits.argmax()), "logits": logits, "pipelined": pipelined,
+                "ttft": last["logits_at"] - sent, "done": max(a["done_at"] for a in answers) - sent,
+                "loaded_blocks": hit, "stored_blocks": hit + stored, "kv_bytes": sum(a["kv_bytes"] for a in answers),
+                "timings": {"load": began - sent, "compute": last["logits_at"] - began,
+                            "transfer": max(a["transfer"] for a in answers),
+                            "store": max(a["store_tail"] for a in answers)},
+                "stages": answers}
+
+    def _round(self, targets: range, timeout: float, *, abort: bool) -> list[dict]:
+        """Every target's answer; StageFailed if any failed (after the load round, telling the
+        others to drop the job, since each waits for a start)."""
+        answers = [self._answer(k, timeout) for k in targets]
+        failed = [f"stage {k}: {a['error']}" for k, a in zip(targets, answers) if not a["ok"]]
+        if failed:
+            if abort:
+                for k in targets:
+                    self.jobs[k].send(None)
+            raise StageFailed("; ".join(failed))
+        return answers
+
+    def close(self) -> None:
+        for k, proc in enumerate(self.procs):
+            if proc.is_alive():
+                try:
+                    self.jobs[k].send(None)
+                except OSError:
+                    pass  # the stage is gone already
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()

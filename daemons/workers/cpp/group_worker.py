@@ -1,0 +1,47 @@
+"""A CPP prefill group serving as one prefill instance of the cluster (``prefill_group_size`` > 1).
+
+This daemon is the group's front: it registers with the conductor as one prefill worker (its
+heartbeat says ``group_size`` and ``prefill_chunk``, so the conductor plans it with the CPP time
+model), takes ``prefill.run`` jobs like a plain worker, and runs each on its stage processes
+(:class:`daemons.workers.cpp.group.PrefillGroup`), which it starts and stops with itself. The stages do
+the work: each loads its layers of the cached prefix from the store, computes its layers over
+the prompt's chunks, stores its layers' new blocks, and writes its layers' slice of every page
+into the decode worker's reserved pages. The KV never passes through this process or through
+another stage, so no stage waits on a gather and the decode worker's pages fill from X senders
+at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemons.serving.messages import PrefillReport, PrefillTimings
+from daemons.workers.cpp.group import PrefillGroup
+from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
+
+
+class PrefillGroupDaemon(PrefillJobsDaemon):
+    def setup_worker(self) -> None:
+        self.group = PrefillGroup(self.config, self.config.prefill_group_size,
+                                  master=(self.master_address, self.cluster_id))
+        self.start_jobs()
+
+    def load(self) -> dict[str, Any]:
+        return {**super().load(), "group_size": self.group.stages, "prefill_chunk": self.config.prefill_chunk,
+                "stage_pids": [proc.pid for proc in self.group.procs]}
+
+    def teardown(self) -> None:
+        if hasattr(self, "group"):
+            self.stop_jobs()
+            self.group.close()
+        super().teardown()
+
+    def prefill(self, job: Job) -> PrefillReport:
+        spec = job.request
+        result = self.group.prefill(spec.token_ids, load_blocks=spec.load_blocks, decode=spec.decode.to_wire(),
+                                    store="layer" if spec.store else "none",
+                                    timeout=self.config.request_timeout)
+        return PrefillReport(spec.request_id, True, first_token=result["first_token"],
+                             loaded_blocks=result["loaded_blocks"], stored_blocks=result["stored_blocks"],
+                             kv_bytes=result["kv_bytes"], pipelined=result["pipelined"],
+                             timings=PrefillTimings(**result["timings"]))

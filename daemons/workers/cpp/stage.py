@@ -1,0 +1,208 @@
+"""One process of a CPP prefill group: layers [a, b) of the model, its own KV pages, its own store.
+
+Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in order:
+
+    -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
+    <- {"engine", "inbox"} | None    the next stage's (None on the last stage)
+    <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv",
+            "load_blocks", "decode": {"segment", "kv_address", "block_ids"} | None}
+    -> {"ok", "error", "loaded", "load_s"}   leading prefix blocks now in this stage's layers
+    <- start | None                  tokens every stage holds (the group's least "loaded"
+                                     blocks); None: another stage failed, drop the job
+    -> {"ok", "error", "logits", "logits_at", "done_at", "compute", "store_tail", "stored",
+        "transfer", "kv_bytes", "kv"}
+    <- None                          stop
+
+A pipelined job runs this stage's layers over every chunk; a short one runs on stage 0 alone
+with all layers (stage 0 keeps the whole model for that). Each stage loads a cached prefix of
+its own layers from the store, whole, before any chunk moves: the stages must agree on where
+computing starts, and a prefix that left the store mid-pipeline would strand the neighbours.
+KV of the stage's own layers goes to the store layer by layer while later layers compute
+("layer"), or all of it after the last layer ("end"), which is the comparison `mooncake bench
+prefill` makes; and, with "decode", into the decode worker's reserved pages (this stage's layers
+of each page). Stamps are ``time.monotonic()``, which is one clock for every process on the host.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from daemons.workers.cpp.link import Inbox, Outbox
+from daemons.workers.kv_sender import send_pages
+from daemons.model import (BlockManager, KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
+                           kv_layout, reusable_blocks, run_stage, split_layers)
+from daemons.serving.errors import PrefixLost
+from daemons.workers.prefix_store import PrefixStore
+from transfer.engine import TransferEngine
+from transfer.engine_options import EngineOptions
+from transfer.settings import Config
+
+INBOX_SLOTS = 2  # one chunk being read while the next one lands
+
+
+class Stage:
+    def __init__(self, config: Config, index: int, stages: int, prev: Connection | None,
+                 next_: Connection | None) -> None:
+        torch.set_num_threads(1)  # one core per stage: the pipeline is the parallelism
+        self.config = config
+        model = build_model(config)
+        self.layout = kv_layout(config, model)
+        start, stop = split_layers(model.config.num_layers, stages)[index]
+        self.runner = StageRunner(StageModel(model, start, stop), KVCache(self.layout))
+        # Stage 0 runs short prompts alone, so it keeps every layer (the others drop theirs).
+        self.whole = (StageRunner(StageModel(model, 0, model.config.num_layers), self.runner.kv_cache)
+                      if index == 0 else None)
+        self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
+        self.engine = TransferEngine(metadata="P2PHANDSHAKE", options=EngineOptions.from_config(config))
+        self.chunk = config.prefill_chunk
+        # A chunk is prefill_chunk rounded up to whole blocks (chunk_bounds), even when that
+        # is more than prefill_chunk tokens: a chunk smaller than a block is one block.
+        size = self.layout.block_size
+        self.slot_tokens = -(-self.chunk // size) * size
+        self.inbox = (Inbox(self.engine, prev, INBOX_SLOTS, self.slot_tokens, model.config.hidden_size,
+                            model.config.torch_dtype, config.rpc_timeout) if prev is not None else None)
+        self.next_conn = next_
+        self.outbox: Outbox | None = None
+        self.store = self.prefix = None
+        self.kv_address = 0
+        self.seq: Sequence | None = None  # the job between its load and its run
+        self.job: dict = {}
+
+    def hello(self) -> dict:
+        return {"engine": self.engine.name, "inbox": self.inbox.address if self.inbox else 0}
+
+    def connect(self, peer: dict | None, with_store: bool | tuple[str, str]) -> None:
+        if peer is not None:
+            slot_bytes = self.slot_tokens * self.inbox_row_bytes()
+            self.outbox = Outbox(self.engine, self.next_conn, peer["engine"], peer["inbox"], INBOX_SLOTS,
+                                 slot_bytes, self.config.rpc_timeout)
+        if with_store:
+            from daemons.cluster.store_access import connect, connect_to
+
+            self.store = connect_to(self.config, *with_store) if isinstance(with_store, tuple) else connect(self.config)
+            self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())
+            self.prefix = PrefixStore(self.store, self.layout, self.kv_address)
+
+    def inbox_row_bytes(self) -> int:
+        config = self.runner.stage.config
+        return config.hidden_size * torch.empty((), dtype=config.torch_dtype).element_size()
+
+    def close(self) -> None:
+        if self.prefix is not None:
+            self.prefix.close()
+            self.store.close()
+        self.engine.close()
+
+    def load(self, job: dict) -> int:
+        """Take the job's pages and load its cached prefix into this stage's layers; how many
+        leading blocks every one of those layers now holds."""
+        self.job, self.seq = job, Sequence.from_prompt("job", job["token_ids"], max_tokens=1)
+        self.pages.allocate(self.seq)
+        runner = self.runner if job["pipelined"] else self.whole
+        wanted = reusable_blocks(len(self.seq), self.layout.block_size, job.get("load_blocks", 0))
+        if not wanted or self.prefix is None:
+            return 0
+        keys = self.seq.block_keys(self.layout.block_size, seed=self.config.block_hash_seed)[:wanted]
+        hit, loads = self.prefix.load(keys, self.seq.block_table[:wanted],
+                                      range(runner.stage.start, runner.stage.stop))
+        try:
+            for pending in loads[1:]:
+                pending.result()
+        except PrefixLost:
+            return 0  # how many of a later layer's blocks survived is unknown: recompute them all
+        return hit
+
+    def release(self) -> None:
+        if self.seq is not None:
+            self.pages.deallocate(self.seq)
+            self.seq = None
+
+    def run(self, start: int) -> dict[str, Any]:
+        """Compute the job from token ``start`` on (the KV before it is in every stage)."""
+        seq, job = self.seq, self.job
+        seq.num_kv_tokens = start
+        runner = self.runner if job["pipelined"] else self.whole
+        size = self.layout.block_size
+        keys = dict(zip(seq.block_table, seq.block_keys(size, seed=self.config.block_hash_seed)))
+        stores, done_layers = [], []
+
+        def layer_done(layer: int, pages: list[int]) -> None:
+            if job["store"] == "layer":
+                stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
+            elif job["store"] == "end":
+                done_layers.append((layer, pages))
+
+        began = time.monotonic()
+        chunks = chunk_bounds(start, len(seq), self.chunk if job["pipelined"] else len(seq), size)
+        logits = run_stage(runner, seq, chunks, self.inbox if job["pipelined"] else None,
+                           self.outbox if job["pipelined"] else None, layer_done)
+        computed = time.monotonic()
+        kv_bytes, decode = 0, job.get("decode")
+        if decode:
+            # Each stage writes its own layers: no stage waits for another's KV, and none of it
+            # crosses a second process on the way to the decode worker.
+            kv_bytes = send_pages(self.store.engine, self.layout, self.kv_address, seq.block_table,
+                                  decode["segment"], decode["kv_address"], decode["block_ids"],
+                                  (runner.stage.start, runner.stage.stop))
+        sent = time.monotonic()
+        for layer, pages in done_layers:
+            stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
+        stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
+        done = time.monotonic()
+        kv = None
+        if job["want_kv"]:
+            kv = {layer: [self.runner.kv_cache.export_block(p, layer) for p in seq.block_table]
+                  for layer in range(runner.stage.start, runner.stage.stop)}
+        return {"ok": True, "logits": None if logits is None else logits.numpy().tobytes(),
+                "logits_at": computed if logits is not None else None, "done_at": done,
+                "compute": computed - began, "store_tail": done - sent, "stored": stored,
+                "transfer": sent - computed, "kv_bytes": kv_bytes, "kv": kv}
+
+
+def _leading_stored(num_layers: int, stores: list[tuple[list[int], Any]]) -> int:
+    """New blocks in the store in every one of this stage's layers, counted from the first.
+
+    ``stores`` holds (pages, future) per layer per chunk, each layer's chunks in order; a
+    future yields how many of its pages' leading blocks went in."""
+    per_layer: list[int] = []
+    for layer in range(num_layers):
+        total = 0
+        for pages, pending in stores[layer::num_layers]:
+            count = pending.result()
+            total += count
+            if count < len(pages):
+                break
+        per_layer.append(total)
+    return min(per_layer) if stores else 0
+
+
+def stage_main(values: dict, index: int, stages: int, jobs: Connection, prev: Connection | None,
+               next_: Connection | None, with_store: bool | tuple[str, str]) -> None:
+    # `mooncake down` signals a daemon's children too; a stage leaves when its group says so or
+    # its pipe closes (the group's process is gone), so that it frees its shared memory first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stage = Stage(Config(values), index, stages, prev, next_)
+    try:
+        jobs.send(stage.hello())
+        stage.connect(jobs.recv(), with_store)
+        jobs.send({"ok": True})
+        while (job := jobs.recv()) is not None:
+            try:
+                started = time.monotonic()
+                jobs.send({"ok": True, "loaded": stage.load(job), "load_s": time.monotonic() - started})
+            except Exception as exc:  # the group drops the job; this stage keeps serving
+                jobs.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            try:
+                if (start := jobs.recv()) is not None:
+                    jobs.send(stage.run(start))
+            except Exception as exc:  # the group reports it; this stage keeps serving
+                jobs.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            finally:
+                stage.release()
+    finally:
+        stage.close()

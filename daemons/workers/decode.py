@@ -1,0 +1,138 @@
+"""The decode worker: continuous batching over KV pages the prefill workers write into.
+
+Its KV cache lives in a shared-memory region registered with its transfer engine at start, so a
+prefill worker on this host copies pages straight in (TCP or RDMA from other hosts). Operations
+(from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
+
+    decode.reserve {"request_id", "token_ids", "max_tokens"}
+        -> KvTarget {"segment", "kv_address", "block_ids"}  pages for the request's whole life, so it
+                                                     never runs out mid-generation (KVCacheFull)
+    decode.start   {"request_id", "first_token"}    the prefill wrote the pages: join the batch
+        -> {"finish_reason"}                         set when the first token already ended it
+    decode.release {"request_id"}                   cancel: leave the batch, free the pages
+
+After every step the batch loop reports the step's tokens (``conductor.tokens``, a DecodeStep)::
+
+    {"events": [[request_id, token, finish_reason], ...], "step_s", "batch", "context"}
+
+``step_s`` with ``batch`` (sequences stepped) and ``context`` (tokens they attended over) is
+what the conductor refits its TBT model from.
+
+A reservation never started within ``request_timeout`` is freed (its conductor gave up).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import topology
+from daemons.cluster.workdir import shm_prefix
+from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
+from daemons.serving.messages import DecodedToken, DecodeStep, KvTarget
+from daemons.workers.base import WorkerDaemon
+from transfer.errors import InvalidArgument, MooncakeError
+from transfer.from_settings import open_engine
+from transfer.memory import address_of
+from transfer.rpc.client_server import Request
+
+log = logging.getLogger(__name__)
+
+
+class DecodeWorkerDaemon(WorkerDaemon):
+    role = "decode"
+
+    def setup_worker(self) -> None:
+        matrix_file = self.paths.topology_file
+        matrix = topology.load_matrix(matrix_file) if matrix_file.exists() else None
+        self.engine = open_engine(f"{self.name}-{self.cluster_id}-{self.started_at:.0f}", self.master_address,
+                                  self.config, topology=matrix, shm_prefix=shm_prefix(self.cluster_id))
+        buffer = self.engine.allocate_shared_buffer(self.layout.nbytes)
+        self.kv = KVCache(self.layout, buffer=buffer)
+        self.kv_address = address_of(buffer)
+        self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
+        self.batcher = ContinuousBatcher(ModelRunner(self.model, self.kv), self.pages,
+                                         eos_token_id=self.model.config.eos_token_id,
+                                         max_batch_size=self.config.max_batch_size)
+        self.reserved: dict[str, tuple[Sequence, float]] = {}  # request_id -> (seq, expires at)
+        self.cond = threading.Condition()
+        self.num_steps = 0
+        for op, handler in (("decode.reserve", self._reserve), ("decode.start", self._start),
+                            ("decode.release", self._release)):
+            self.server.register(op, handler, blocking=True)
+        self.loop = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
+        self.loop.start()
+
+    def load(self) -> dict[str, Any]:
+        return {"running": self.batcher.num_running, "waiting": self.batcher.num_waiting,
+                "reserved": len(self.reserved), "free_blocks": self.pages.num_free_blocks}
+
+    def teardown(self) -> None:
+        if hasattr(self, "loop"):
+            with self.cond:
+                self.cond.notify_all()
+            self.loop.join(timeout=self.config.drain_timeout)
+            self.engine.close()
+        super().teardown()
+
+    def tick(self, now: float) -> None:
+        with self.cond:
+            for request_id, (seq, expires) in list(self.reserved.items()):
+                if now > expires:
+                    log.warning("freeing pages of %s: reserved but never started", request_id)
+                    del self.reserved[request_id]
+                    self.pages.deallocate(seq)
+        super().tick(now)
+
+    def _reserve(self, request: Request) -> dict:
+        args = request.args
+        seq = Sequence.from_prompt(args["request_id"], args["token_ids"], args["max_tokens"])
+        with self.cond:
+            if seq.seq_id in self.reserved:
+                raise InvalidArgument(f"request {seq.seq_id!r} already holds pages here")
+            self.pages.allocate(seq, len(seq) + seq.max_tokens)  # KVCacheFull travels to the conductor
+            self.reserved[seq.seq_id] = (seq, time.monotonic() + self.config.request_timeout)
+        return KvTarget(self.engine.name, self.kv_address, list(seq.block_table)).to_wire()
+
+    def _start(self, request: Request) -> dict:
+        with self.cond:
+            entry = self.reserved.pop(request.args["request_id"], None)
+            if entry is None:
+                raise InvalidArgument(f"no reservation for request {request.args['request_id']!r}")
+            seq = entry[0]
+            seq.num_kv_tokens = len(seq)  # the prefill worker wrote KV of every prompt token
+            seq.append(int(request.args["first_token"]), self.model.config.eos_token_id)
+            if seq.is_finished:
+                self.pages.deallocate(seq)
+            else:
+                self.batcher.add(seq)
+                self.cond.notify_all()
+        return {"finish_reason": seq.finish_reason}
+
+    def _release(self, request: Request) -> dict:
+        request_id = request.args["request_id"]
+        with self.cond:
+            entry = self.reserved.pop(request_id, None)
+            if entry is not None:
+                self.pages.deallocate(entry[0])
+                return {"released": True}
+            return {"released": self.batcher.cancel(request_id)}
+
+    def _decode_loop(self) -> None:
+        while not self.stop_requested.is_set():
+            with self.cond:
+                if not self.batcher.num_active:
+                    self.cond.wait(0.1)
+                    continue
+                began = time.monotonic()
+                events = self.batcher.step()
+                step_s, batch = time.monotonic() - began, len(events)
+                context = self.batcher.last_step_context
+                self.num_steps += 1
+            step = DecodeStep(step_s, batch, context, [DecodedToken(e.seq_id, e.token, e.finish_reason) for e in events])
+            try:
+                self.conductor_client.call("conductor.tokens", step.to_wire())
+            except MooncakeError as exc:
+                log.warning("could not report %d token(s) to the conductor: %s", batch, exc)

@@ -1,0 +1,87 @@
+"""Continuous batching: sequences joining and leaving between steps decode as they would alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from daemons.model import (BlockManager, ContinuousBatcher, KVCache, KVCacheLayout, ModelConfig,
+                           ModelRunner, Sequence, generate_reference, random_model)
+from tests.daemons.model.conftest import BLOCK, prompt
+
+# The tiny model's weights with byte 233 as EOS: it comes up in one of the scenario's
+# continuations, so that request ends at EOS while the others run to max_tokens.
+EOS = 233
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(replace(ModelConfig.tiny(), eos_token_id=EOS), seed=0)
+
+
+def _decode_worker(model, num_blocks=64, max_batch_size=64):
+    kv = KVCache(KVCacheLayout.for_model(model.config, BLOCK, num_blocks))
+    runner, pages = ModelRunner(model, kv), BlockManager(num_blocks, BLOCK)
+    return runner, pages, ContinuousBatcher(runner, pages, eos_token_id=EOS, max_batch_size=max_batch_size)
+
+
+def _prefilled(runner, pages, seq_id, tokens, max_tokens):
+    seq = Sequence.from_prompt(seq_id, tokens, max_tokens)
+    pages.allocate(seq)
+    seq.append(int(runner.prefill(seq).argmax()), EOS)
+    return seq
+
+
+def _run_alone(model, tokens, max_tokens):
+    runner, pages, batcher = _decode_worker(model)
+    seq = _prefilled(runner, pages, "alone", tokens, max_tokens)
+    if not seq.is_finished:
+        batcher.add(seq)
+    while batcher.num_active:
+        batcher.step()
+    return seq.generated
+
+
+def test_eight_sequences_joining_at_different_steps_match_running_alone(model):
+    lengths = [3, 16, 21, 33, 8, 47, 12, 30]
+    max_tokens = [12, 5, 9, 20, 1, 7, 15, 3]
+    joins = [0, 0, 1, 2, 4, 4, 6, 9]  # the step before which each request arrives
+    runner, pages, batcher = _decode_worker(model, max_batch_size=6)
+    seqs = {}
+    step, finished_at = 0, {}
+    while len(finished_at) < len(lengths):
+        for i, join in enumerate(joins):
+            if join == step:
+                seqs[i] = _prefilled(runner, pages, i, prompt(lengths[i], seed=100 + i), max_tokens[i])
+                if seqs[i].is_finished:  # done at its first token: never decodes
+                    pages.deallocate(seqs[i])
+                    finished_at[i] = step
+                else:
+                    batcher.add(seqs[i])
+        for event in batcher.step():
+            if event.finish_reason:
+                finished_at[event.seq_id] = step
+        step += 1
+    for i, seq in seqs.items():
+        assert seq.generated == _run_alone(model, prompt(lengths[i], seed=100 + i), max_tokens[i])
+        assert seq.generated == generate_reference(model, prompt(lengths[i], seed=100 + i), max_tokens[i])
+        assert len(seq.generated) <= max_tokens[i]
+        assert seq.finish_reason == ("stop" if seq.generated[-1] == EOS else "length")
+    assert sum(seq.finish_reason == "stop" for seq in seqs.values()) == 1
+    # Every request left the batch and gave its pages back.
+    assert batcher.num_active == 0 and pages.num_free_blocks == pages.num_blocks
+    assert len(set(finished_at.values())) > 1
+
+
+def test_sequence_that_cannot_grow_ends_and_others_continue(model):
+    runner, pages, batcher = _decode_worker(model, num_blocks=3)
+    a = _prefilled(runner, pages, "a", prompt(16, seed=1), max_tokens=20)  # full page; needs one more
+    b = _prefilled(runner, pages, "b", prompt(10, seed=2), max_tokens=3)
+    pages.allocate(Sequence.from_prompt("hog", prompt(16, seed=3), max_tokens=1))
+    batcher.add(a)
+    batcher.add(b)
+    events = batcher.step()
+    assert events[0].seq_id == "a" and events[0].token is None and events[0].finish_reason == "kv_cache_full"
+    assert [e.seq_id for e in events[1:]] == ["b"]
+    assert a.block_table == [] and pages.num_free_blocks == 1

@@ -1,0 +1,72 @@
+"""The front end's answers that need no worker: early rejection (429) and no workers (503).
+
+The conductor's policy rejects before any worker is called, so registered (but absent) workers
+and a real front end on loopback are all these need.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from daemons.model import ByteTokenizer
+from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.service import ServingService
+from tests.daemons.serving.helpers import metric, request
+from transfer.rpc.client_server import Request
+from transfer.settings import resolve
+
+
+@pytest.fixture
+def frontend():
+    started = []
+
+    def start(**settings) -> tuple[str, ServingService]:
+        service = ServingService(resolve(settings, environ={}))
+        server = FrontEnd("127.0.0.1", 0, service, ByteTokenizer(), 259, 2**16, 4)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return server.url, service
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def _join(service: ServingService, name: str, role: str) -> None:
+    service.heartbeat(Request("conductor.heartbeat", {"name": name, "role": role, "address": "tcp://127.0.0.1:9",
+                                                      "kv_capacity_tokens": 4096}, [], 0.0))
+
+
+def test_no_workers_is_503_and_unhealthy(frontend):
+    url, _ = frontend()
+    status, _, data = request(url, "POST", "/v1/completions", b'{"prompt": "hi"}')
+    assert status == 503 and json.loads(data)["error"]["type"] == "no_workers"
+    assert request(url, "GET", "/health")[0] == 503
+
+
+def test_a_request_predicted_to_miss_the_ttft_slo_is_rejected_early_with_retry_after(frontend):
+    url, service = frontend(ttft_slo="1ms")
+    _join(service, "prefill-0", "prefill")
+    _join(service, "decode-0", "decode")
+    status, headers, data = request(url, "POST", "/v1/completions", b'{"prompt": "' + b"x" * 2000 + b'"}')
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    error = json.loads(data)["error"]
+    assert error["reason"] == "reject_ttft" and "predicted TTFT" in error["message"]
+    assert metric(url, "mooncake_rejections_total", reason="reject_ttft") == 1
+    assert not service.flights and not service.conductor.inflight  # nothing left behind
+
+
+def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(frontend, monkeypatch):
+    url, service = frontend()
+
+    def broken_submit(request):
+        raise KeyError("a bug in the service")
+
+    monkeypatch.setattr(service, "submit", broken_submit)
+    status, _, data = request(url, "POST", "/v1/completions", b'{"prompt": "hi"}')
+    assert status == 500 and "KeyError" in json.loads(data)["error"]["message"]
+    assert request(url, "GET", "/health")[0] == 503  # still answering

@@ -1,0 +1,1 @@
+"""etcd: the key-value client and following the elected master through it."""

@@ -1,0 +1,1 @@
+"""Same-host transport over named shared-memory regions."""

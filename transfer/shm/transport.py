@@ -1,0 +1,113 @@
+"""The shared-memory transport: same-host peers whose buffers live in named /dev/shm regions.
+
+The initiator maps the peer's region once (cached per region name) and a slice is one numpy
+copy between the two views; numpy releases the GIL for the copy, so the copy threads run in
+parallel with each other and with the rest of the engine. A region that cannot be opened means
+the peer restarted or went away: the slice fails without retry.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from transfer.batch import OpCode, Slice
+from transfer.descriptor import BufferDesc, SegmentDescriptor
+from transfer.memory import as_array
+from transfer.shm.region import SharedRegion
+from transfer.transport import SliceSink, Transport
+
+
+class ShmTransport(Transport):
+    name = "shm"
+
+    def __init__(self, host_id: str, sink: SliceSink, threads: int) -> None:
+        self._host_id, self._sink = host_id, sink
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shm-copy")
+        self._lock = threading.Lock()
+        self._regions: dict[str, tuple[str, SharedRegion]] = {}  # region name -> (peer, region)
+
+    def reaches(self, peer: SegmentDescriptor, buffer: BufferDesc) -> bool:
+        return peer.host_id == self._host_id and buffer.shm_name is not None
+
+    def submit(self, pieces: list[Slice]) -> None:
+        for piece in pieces:
+            self._pool.submit(self._copy, piece)
+
+    def _copy(self, piece: Slice) -> None:
+        try:
+            remote = self._remote(piece.peer, piece.peer.find_buffer(piece.remote_address, piece.length),
+                                  piece.remote_address, piece.length)
+        except (OSError, ValueError) as exc:
+            self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
+            return
+        _copy(piece.opcode, piece.local, remote)
+        self._sink.done(piece)
+
+    def region_view(self, peer: SegmentDescriptor, buffer: BufferDesc) -> memoryview:
+        """The peer's ``buffer`` mapped here, for copies on the caller's thread (for a small
+        transfer the hand-off to a copy thread and back costs far more than the copy).
+        FileNotFoundError when its owner removed it; OSError/ValueError when it cannot be mapped."""
+        region = self._attach(peer.name, buffer)
+        if region.unlinked():  # the owner closed or restarted: this memory is nobody's now
+            self._detach(buffer.shm_name)
+            raise FileNotFoundError(f"region {buffer.shm_name} was removed by its owner")
+        return region.view
+
+    @staticmethod
+    def copy_between(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
+        _copy(opcode, local, remote)
+
+    def _remote(self, peer: SegmentDescriptor, buffer: BufferDesc, address: int, length: int) -> memoryview:
+        start = address - buffer.address
+        return self.region_view(peer, buffer)[start:start + length]
+
+    def _attach(self, peer: str, buffer: BufferDesc) -> SharedRegion:
+        name = buffer.shm_name
+        assert name is not None
+        with self._lock:
+            entry = self._regions.get(name)
+            if entry is None:
+                entry = (peer, SharedRegion(name, buffer.length, create=False))
+                self._regions[name] = entry
+            return entry[1]
+
+    def _detach(self, name: str | None) -> None:
+        with self._lock:
+            entry = self._regions.pop(name, None) if name else None
+        if entry is not None:
+            entry[1].close()
+
+    def forget_peer(self, peer_name: str) -> None:
+        with self._lock:
+            names = [n for n, (peer, _) in self._regions.items() if peer == peer_name]
+            regions = [self._regions.pop(n)[1] for n in names]
+        for region in regions:
+            region.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            regions = [region for _, region in self._regions.values()]
+            self._regions.clear()
+        for region in regions:
+            region.close()
+
+
+# Below this a copy is a memoryview slice assignment: numpy's wrapping costs more than the
+# copy, and a copy this short gains nothing from releasing the GIL.
+SMALL_COPY = 64 * 1024
+
+
+def _copy(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
+    if local.nbytes <= SMALL_COPY:
+        if opcode == OpCode.WRITE:
+            remote[:] = local
+        else:
+            local[:] = remote
+    elif opcode == OpCode.WRITE:
+        np.copyto(as_array(remote), as_array(local))
+    else:
+        np.copyto(as_array(local), as_array(remote))

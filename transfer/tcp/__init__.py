@@ -1,0 +1,1 @@
+"""TCP transport: several streams over several NICs, with its own framing and target server."""

@@ -1,0 +1,103 @@
+"""A caller thread's own TCP connection to one peer incarnation, for small transfers.
+
+Handing a small request to a :class:`~transfer.tcp.connection.Connection` costs four thread
+wake-ups (caller -> sender -> target -> reader -> waiter), tens of microseconds each. An
+inline link is used by one thread alone, so that thread sends the request group and reads the
+response frames itself: only the target's thread wakes in between. The socket timeout is the
+slice timeout, so a peer that stops answering ends the call with a timeout instead of a hang.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from transfer.batch import OpCode
+from transfer.descriptor import Endpoint, SegmentDescriptor
+from transfer.tcp.wire import MAX_GROUP, ResponseReader, hello, request_group, send_all, tune
+
+Move = tuple[OpCode, memoryview, int]  # (opcode, local bytes, remote address)
+
+
+class InlineLink:
+    def __init__(self, peer: SegmentDescriptor, local_host: str | None, remote: Endpoint,
+                 handshake_timeout: float, io_timeout: float) -> None:
+        """Connect and say hello; raises tcp_wire.Refused (stale peer), OSError or ConnectionError."""
+        source = (local_host, 0) if local_host else None
+        sock = socket.create_connection((remote.host, remote.port), timeout=handshake_timeout,
+                                        source_address=source)
+        try:
+            tune(sock)
+            hello(sock, peer)
+            sock.settimeout(io_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._reader = ResponseReader()
+        self._lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+
+    def move(self, moves: list[Move]) -> list[int]:
+        """Move each (opcode, local, remote address); the target's status per move (0: done).
+        Groups go one at a time: the target sends READ data only after reading a whole group,
+        so a second group in flight could fill both directions' buffers at once."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionError("link was closed")
+            self._busy = True
+        try:
+            statuses: list[int] = []
+            for first in range(0, len(moves), MAX_GROUP):
+                statuses.extend(self._move_group(moves[first:first + MAX_GROUP]))
+            return statuses
+        except BaseException:
+            # Frames of an unfinished group may still arrive; read by the next call, they
+            # would be taken for its own (slice ids restart at 0 in every group).
+            with self._lock:
+                self._closed = True
+            raise
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._closed:
+                    self._sock.close()
+
+    def _move_group(self, group: list[Move]) -> list[int]:
+        send_all(self._sock, request_group((op, n, address, local)
+                                           for n, (op, local, address) in enumerate(group)))
+        statuses: list[int | None] = [None] * len(group)
+        waiting = len(group)
+
+        def read_views(ids: list[int]) -> list[memoryview | None]:
+            return [group[n][1] if 0 <= n < len(group) and group[n][0] == OpCode.READ
+                    and statuses[n] is None else None for n in ids]
+
+        while waiting:
+            for status, n, _ in self._reader.read(self._sock, read_views):
+                if not 0 <= n < len(group) or statuses[n] is not None:
+                    raise ConnectionError(f"response for an unknown slice {n}")
+                statuses[n] = status
+                waiting -= 1
+        return statuses  # type: ignore[return-value]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """From any thread: a link in use is shut down (its owner's call fails and closes the
+        socket), an idle one closed, so no descriptor is reused under a running syscall."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            busy = self._busy
+        if busy:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        else:
+            self._sock.close()

@@ -1,0 +1,230 @@
+"""The TCP transport: path choice per slice, a SIEVE-bounded endpoint pool, and a watchdog.
+
+Each slice picks a local path (NIC) from the topology matrix and a stream on it; the pool key
+is (peer, incarnation, local NIC, peer endpoint, stream), so different slices of one request
+run on different connections in parallel. The pool keeps at most ``pool_size`` connections;
+an evicted one finishes its in-flight slices before closing. A connection that dies is dropped
+from the pool at once and rebuilt on next use. The watchdog declares dead a connection that has
+work but made no progress for ``slice_timeout`` (a peer that stopped, a link that went down:
+TCP alone would wait for minutes). Small transfers can skip all that: :meth:`move_now` moves
+them on the calling thread's own link (see tcp_inline), bounded by a socket timeout instead.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+
+import psutil
+
+from transfer.batch import Slice
+from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
+from transfer.errors import TransferFailed, TransferTimeout
+from transfer.memory import MemoryRegistry
+from transfer.path_selection import PathSet
+from transfer.sieve import SieveCache
+from transfer.tcp.connection import Connection
+from transfer.tcp.inline import InlineLink, Move
+from transfer.tcp.server import TcpTarget
+from transfer.tcp.wire import Refused
+from transfer.transport import SliceSink, Transport
+
+_WATCHDOG_TICK = 0.1
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, registry: MemoryRegistry, identity, sink: SliceSink, paths: PathSet,
+                 nic_addresses: dict[str, str], listen: list[tuple[str, str]], *,
+                 streams_per_path: int, pool_size: int, handshake_timeout: float,
+                 slice_timeout: float) -> None:
+        self._sink, self._paths, self._nic_addresses = sink, paths, dict(nic_addresses)
+        self._streams = streams_per_path
+        self._handshake_timeout, self._slice_timeout = handshake_timeout, slice_timeout
+        self._lock = threading.Lock()
+        self._pool: SieveCache[tuple, Connection] = SieveCache(pool_size)
+        self._retiring: set[Connection] = set()
+        # (thread id, peer, incarnation, NIC) -> that thread's link. A dead thread's id may be
+        # reused by a new thread, which then reuses its link: never two threads at once.
+        self._links: dict[tuple, InlineLink] = {}
+        self.num_evicted = 0
+        self.target = TcpTarget(registry, identity, listen)
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="tcp-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self.target.endpoints)
+
+    def reaches(self, peer: SegmentDescriptor, buffer: BufferDesc) -> bool:
+        return bool(peer.endpoints)
+
+    def submit(self, pieces: list[Slice]) -> None:
+        now = time.monotonic()
+        groups: dict[Connection, list[Slice]] = {}
+        routes: dict[tuple, Connection] = {}  # one path choice per distinct route, not per slice
+        with self._lock:
+            for piece in pieces:
+                peer = piece.peer
+                route = (peer.name, peer.incarnation, piece.location, piece.index, piece.attempt)
+                connection = routes.get(route)
+                if connection is None:
+                    nic = self._paths.choose(piece.location, piece.index, piece.attempt, now)
+                    preferred, secondary = self._paths.tiers(piece.location)
+                    stream = (piece.index // max(1, len(preferred or secondary))) % self._streams
+                    connection = routes[route] = self._connection(peer, nic, stream)
+                group = groups.get(connection)
+                if group is None:
+                    groups[connection] = [piece]
+                else:
+                    group.append(piece)
+        for connection, group in groups.items():
+            if not connection.enqueue(group):  # died between lookup and enqueue
+                for piece in group:
+                    self._sink.failed(piece, "connection closed before sending", connection.nic)
+
+    def _connection(self, peer: SegmentDescriptor, nic: str, stream: int) -> Connection:
+        local_host = self._local_address(nic)
+        remote = _match_endpoint(peer.endpoints, local_host, nic)
+        key = (peer.name, peer.incarnation, nic, remote.host, remote.port, stream)
+        connection = self._pool.get(key)
+        if connection is not None and not connection.dead:
+            return connection
+        connection = Connection(peer, nic, local_host, remote, self._sink, self._handshake_timeout,
+                                on_dead=lambda c, key=key: self._drop(key, c))
+        for _, evicted in self._pool.put(key, connection):
+            self.num_evicted += 1
+            self._retiring.add(evicted)
+            evicted.retire()
+        return connection
+
+    def move_now(self, peer: SegmentDescriptor, location: str,
+                 moves: list[Move]) -> list[TransferFailed | None]:
+        """Move small requests to one peer on the calling thread: per move None (done) or its
+        error. Any error closes the link, whose stream may be out of step; the caller should
+        forget the peer's descriptor (it may have restarted), as a batch's final failure does."""
+        nic = self._paths.choose(location, 0, 0, time.monotonic())
+        key = (threading.get_ident(), peer.name, peer.incarnation, nic)
+        with self._lock:
+            link = self._links.get(key)
+        try:
+            if link is None or link.closed:
+                link = self._link(key, peer, nic)
+            statuses = link.move(moves)
+        except Refused as exc:
+            return [TransferFailed(f"segment {peer.name} is stale: {exc}")] * len(moves)
+        except (OSError, ConnectionError, ValueError) as exc:
+            if link is not None:
+                self._close_link(key, link)
+            self._paths.mark_failed(nic, time.monotonic())
+            kind = TransferTimeout if isinstance(exc, TimeoutError) else TransferFailed
+            return [kind(f"link to {peer.name} via {nic} failed: {type(exc).__name__}: {exc}")] * len(moves)
+        return [None if status == 0 else
+                TransferFailed(f"target {peer.name} refused the range (code {status})")
+                for status in statuses]
+
+    def _link(self, key: tuple, peer: SegmentDescriptor, nic: str) -> InlineLink:
+        local_host = self._local_address(nic)
+        link = InlineLink(peer, local_host, _match_endpoint(peer.endpoints, local_host, nic),
+                          self._handshake_timeout, self._slice_timeout)
+        with self._lock:
+            closed = self._stop.is_set()
+            if not closed:
+                self._links[key] = link
+                # Threads that ended left their links behind: a process that runs each request
+                # on a thread of its own would otherwise gather one socket per request.
+                alive = {thread.ident for thread in threading.enumerate()}
+                orphans = [(k, old) for k, old in self._links.items() if k[0] not in alive]
+        if closed:  # close() already took its list of links
+            link.close()
+            raise ConnectionError("transfer engine closed")
+        for orphan_key, orphan in orphans:
+            self._close_link(orphan_key, orphan)
+        return link
+
+    def _close_link(self, key: tuple, link: InlineLink) -> None:
+        with self._lock:
+            if self._links.get(key) is link:
+                del self._links[key]
+        link.close()
+
+    def _drop(self, key: tuple, connection: Connection) -> None:
+        with self._lock:
+            if self._pool.get(key) is connection:
+                self._pool.pop(key)
+            self._retiring.discard(connection)
+
+    def _local_address(self, nic: str) -> str | None:
+        if nic not in self._nic_addresses:
+            self._nic_addresses[nic] = _interface_ipv4(nic)
+        return self._nic_addresses[nic]
+
+    def forget_peer(self, peer_name: str) -> None:
+        with self._lock:
+            stale = [c for c in self._pool.values() if c.peer.name == peer_name]
+            links = [(key, link) for key, link in self._links.items() if key[1] == peer_name]
+        for connection in stale:
+            connection.kill(f"segment {peer_name} was forgotten")
+        for key, link in links:
+            self._close_link(key, link)
+
+    def num_connections(self) -> int:
+        with self._lock:
+            return len(self._pool)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_WATCHDOG_TICK):
+            now = time.monotonic()
+            with self._lock:
+                connections = [*self._pool.values(), *self._retiring]
+            for connection in connections:
+                if connection.stalled(now, self._slice_timeout):
+                    connection.kill(f"no progress for {self._slice_timeout:g}s on path {connection.nic}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watchdog.join(timeout=2)
+        with self._lock:
+            connections = [*self._pool.values(), *self._retiring]
+            links = list(self._links.values())
+            self._links.clear()
+        for connection in connections:
+            connection.kill("transfer engine closed")
+        for link in links:
+            link.close()
+        self.target.close()
+
+
+def _interface_ipv4(nic: str) -> str | None:
+    for address in psutil.net_if_addrs().get(nic, []):
+        if address.family.name == "AF_INET":
+            return address.address
+    return None
+
+
+def _match_endpoint(endpoints: list[Endpoint], local_host: str | None, nic: str) -> Endpoint:
+    """The peer endpoint reached through our NIC: same NIC name (loopback), else same subnet."""
+    for endpoint in endpoints:
+        if endpoint.nic == nic:
+            return endpoint
+    network = _network_of(local_host)
+    if network is not None:
+        for endpoint in endpoints:
+            try:
+                if ipaddress.ip_address(endpoint.host) in network:
+                    return endpoint
+            except ValueError:
+                continue
+    return endpoints[0]
+
+
+def _network_of(host: str | None) -> ipaddress.IPv4Network | None:
+    if host is None:
+        return None
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.address == host and address.netmask:
+                return ipaddress.ip_network(f"{host}/{address.netmask}", strict=False)
+    return None

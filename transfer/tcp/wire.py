@@ -1,0 +1,205 @@
+"""The TCP data-plane framing, shared by the initiator and the target side.
+
+After connecting, the initiator sends a hello (4-byte length + msgpack ``{"segment",
+"incarnation"}``) and the target answers ``{"ok", "error"}``: a connection to a restarted peer
+is refused as stale instead of writing at addresses that now mean something else. Then the
+initiator sends request *groups* and the target answers with response *frames*:
+
+    group = GROUP (count) + count x REQUEST (op, slice id, remote address, length)
+            + the payloads of the group's WRITEs, in request order
+    frame = FRAME (kind, count) + count x RESPONSE (status, slice id, length)
+            [+ for kind READ_DATA: the payloads of the frame's successful READs, in order]
+
+One header block per group and per frame lets each side move a whole group of slices with a
+few scatter/gather syscalls (``sendmsg`` of header + payload views, ``recvmsg_into`` straight
+into registered memory) instead of several syscalls and a Python round per slice. The target
+answers a group's WRITEs in ACKS frames, only after their bytes are in its memory: at the end
+of the group, and every ``ACK_INTERVAL`` while it lasts, so a long group on a slow path still
+shows progress while a fast one costs a single ack frame (and one wake-up of the waiter);
+it answers the group's READs with one READ_DATA frame. Status 0 is success, otherwise a
+negative error code (a refused READ carries no payload, a refused WRITE's payload is drained).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+from collections.abc import Callable, Iterable
+
+import msgpack
+
+from transfer.batch import OpCode
+from transfer.descriptor import SegmentDescriptor
+
+REQUEST = struct.Struct("<B7xQQQ")
+RESPONSE = struct.Struct("<qQQ")
+GROUP = struct.Struct("<I4x")
+FRAME = struct.Struct("<B3xI")
+ACKS, READ_DATA = 0, 1
+MAX_GROUP = 256  # requests per group (and responses per frame)
+ACK_INTERVAL = 0.005  # seconds: held WRITE acks are flushed at least this often
+SEND_CHUNK = 4 << 20  # bytes per sendmsg when the caller tracks progress
+SEND_BUFFER = 4 << 20  # SO_SNDBUF requested for data connections
+IOV_MAX = 1024  # buffers per sendmsg / recvmsg_into call (Linux UIO_MAXIOV)
+_LENGTH = struct.Struct("<I")
+MAX_HELLO = 64 * 1024
+
+
+class PeerClosed(ConnectionError):
+    pass
+
+
+class Refused(ConnectionError):
+    """The peer answered the hello with a refusal (it restarted: our descriptor is stale)."""
+
+
+def hello(sock: socket.socket, peer: SegmentDescriptor) -> None:
+    """The initiator's hello naming the ``peer`` incarnation it means; Refused if the target
+    is another one now."""
+    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation})
+    answer = recv_message(sock)
+    if not answer.get("ok"):
+        raise Refused(str(answer.get("error", "handshake refused")))
+
+
+def request_group(requests: Iterable[tuple[int, int, int, memoryview]]) -> list:
+    """The parts of one request group for :func:`send_all`: its header block, then its WRITE
+    payloads (views, not copies). Each request is (opcode, slice id, remote address, local
+    bytes); at most MAX_GROUP of them."""
+    requests = list(requests)
+    header = bytearray(GROUP.size + len(requests) * REQUEST.size)
+    GROUP.pack_into(header, 0, len(requests))
+    parts: list = [header]
+    for i, (opcode, slice_id, address, local) in enumerate(requests):
+        REQUEST.pack_into(header, GROUP.size + i * REQUEST.size, opcode, slice_id, address, len(local))
+        if opcode == OpCode.WRITE:
+            parts.append(local)
+    return parts
+
+
+class ResponseReader:
+    """Reads response frames off one connection, reusing its header buffers."""
+
+    def __init__(self) -> None:
+        self._frame = bytearray(FRAME.size)
+        self._entries = memoryview(bytearray(MAX_GROUP * RESPONSE.size))
+
+    def read(self, sock: socket.socket, read_views: Callable[[list[int]], list[memoryview | None]],
+             progress: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
+        """One frame's (status, slice id, length) responses. A READ_DATA frame's payloads are
+        scattered straight into ``read_views(slice ids)``: the local bytes of each READ, None
+        for an id that is no READ in flight (the stream is then out of step: PeerClosed)."""
+        recv_exact(sock, memoryview(self._frame))
+        kind, count = FRAME.unpack(self._frame)
+        if not 0 < count <= MAX_GROUP:
+            raise PeerClosed(f"response frame of {count} responses")
+        block = self._entries[:count * RESPONSE.size]
+        recv_exact(sock, block)
+        responses = list(RESPONSE.iter_unpack(block))
+        if kind == READ_DATA:
+            views = []
+            for (status, slice_id, length), view in zip(responses, read_views([r[1] for r in responses])):
+                if view is None:
+                    raise PeerClosed(f"READ data for unknown or WRITE slice {slice_id}")
+                if status == 0:
+                    if length != len(view):
+                        raise PeerClosed(f"READ of {length} bytes for slice {slice_id}")
+                    views.append(view)
+            recv_all(sock, views, progress)
+        return responses
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from the socket, straight into its memory."""
+    got, total = 0, len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise PeerClosed("peer closed the connection")
+        got += n
+
+
+def advance(views: list, first: int, count: int) -> int:
+    """Consume ``count`` bytes of ``views`` from index ``first``: fully used views are passed,
+    a partly used one is replaced by its rest. Returns the first view with bytes left."""
+    while count:
+        size = len(views[first])
+        if count >= size:
+            count -= size
+            first += 1
+        else:
+            views[first] = memoryview(views[first])[count:]
+            count = 0
+    while first < len(views) and not len(views[first]):
+        first += 1
+    return first
+
+
+def recv_all(sock: socket.socket, views: list[memoryview],
+             progress: Callable[[], None] | None = None) -> None:
+    """Fill each flat byte view in turn (scatter), straight into its memory."""
+    views = list(views)
+    first = advance(views, 0, 0)
+    while first < len(views):
+        got = sock.recvmsg_into(views[first:first + IOV_MAX])[0]
+        if not got:
+            raise PeerClosed("peer closed the connection")
+        if progress is not None:
+            progress()
+        first = advance(views, first, got)
+
+
+def send_all(sock: socket.socket, parts: list[Any], progress: Callable[[], None] | None = None) -> None:
+    """Gather-send ``parts`` (bytes, bytearrays, flat byte memoryviews) without joining them.
+
+    With ``progress``, each ``sendmsg`` carries at most SEND_CHUNK bytes and progress is
+    called after each, so a slow path reports progress while a large group drains."""
+    parts = list(parts)
+    first = advance(parts, 0, 0)
+    while first < len(parts):
+        if progress is None:
+            sent = sock.sendmsg(parts[first:first + IOV_MAX])
+        else:
+            sent = sock.sendmsg(_window(parts, first))
+            progress()
+        first = advance(parts, first, sent)
+
+
+def _window(parts: list, first: int) -> list:
+    window, room = [], SEND_CHUNK
+    for part in parts[first:first + IOV_MAX]:
+        if len(part) >= room:
+            window.append(part if len(part) == room else memoryview(part)[:room])
+            break
+        window.append(part)
+        room -= len(part)
+    return window
+
+
+def send_message(sock: socket.socket, message: dict) -> None:
+    body = msgpack.packb(message, use_bin_type=True)
+    send_all(sock, [_LENGTH.pack(len(body)), body])
+
+
+def recv_message(sock: socket.socket) -> dict:
+    head = bytearray(_LENGTH.size)
+    recv_exact(sock, memoryview(head))
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_HELLO:
+        raise ConnectionError(f"hello of {length} bytes is too large")
+    body = bytearray(length)
+    recv_exact(sock, memoryview(body))
+    message = msgpack.unpackb(bytes(body), raw=False)
+    if not isinstance(message, dict):
+        raise ConnectionError("hello is not a map")
+    return message
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay for headers and acks; a send buffer large enough that a sender of
+    megabyte groups blocks (and wakes) far less often than with the autotuned default (the
+    kernel caps the request at net.core.wmem_max). The receive buffer stays autotuned: fixing
+    it disables autotuning, which measured slower."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
