@@ -24,6 +24,7 @@ def counters_view(state: MasterState) -> dict:
         "capacity_bytes": capacity,
         "used_bytes": used,
         "used_ratio": used / capacity if capacity else 0.0,
+        "lease_ttl": state.policy.lease_ttl,  # what a read lease lasts (mooncake-compat reads it)
     }
 
 

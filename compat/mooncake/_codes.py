@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from mooncake._raw_memory import DeviceMemoryRefused
 from transfer.errors import MooncakeError
 
 INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
 INTERNAL_ERROR = -1000  # the original's catch-all
 
 log = logging.getLogger("mooncake")
@@ -20,6 +22,8 @@ log = logging.getLogger("mooncake")
 
 def code_of(error: BaseException) -> int:
     if isinstance(error, MooncakeError):
+        return error.code
+    if isinstance(error, DeviceMemoryRefused):
         return error.code
     if isinstance(error, (ValueError, TypeError, OverflowError)):
         return INVALID_PARAMS

@@ -100,8 +100,13 @@ def test_replicate_config_is_checked_when_a_put_uses_it(store):
     assert row["replicas"][0]["segment_id"] == store._client.owner.segment.segment_id  # preferred
     config.replica_num = 0
     assert store.put("no-replica", b"x", config) == INVALID
-    config.replica_num, config.soft_pin_ttl_ms, config.preferred_segments = 1, -1, []
-    assert store.put("negative-ttl", b"x", config) == INVALID
+    config.replica_num, config.preferred_segments = 1, []
+    for bad in (-1, 1 << 64, 1.5, "60s"):  # the original's optional uint64 refuses these at once
+        with pytest.raises(TypeError):
+            config.soft_pin_ttl_ms = bad
+    assert config.soft_pin_ttl_ms == 60_000
+    config.soft_pin_ttl_ms = None
+    assert config.soft_pin_ttl_ms is None
 
 
 def test_host_memory_allocator_gives_registrable_memory(store):

@@ -127,3 +127,23 @@ def test_engines_find_each_other_through_the_http_metadata_server(started):
     finally:
         a.close()
         b.close()
+
+
+def test_byte_helpers_probe_and_the_unknown_peer_sentinel():
+    a, b = TransferEngine(), TransferEngine()
+    try:
+        assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        peer = f"127.0.0.1:{b.get_rpc_port()}"
+        assert a.get_first_buffer_address(peer) == 0  # nothing registered there yet
+        local = np.zeros(256, dtype=np.uint8)
+        assert a.write_bytes_to_buffer(local.ctypes.data, b"hello world", 5) == 0
+        assert local[:6].tobytes() == b"hello\0" and a.read_bytes_from_buffer(local.ctypes.data, 5) == b"hello"
+        assert a.write_bytes_to_buffer(local.ctypes.data, b"abc", 4) == -1  # longer than the bytes
+        assert a.send_probe(peer) == 0 and a.send_probe("127.0.0.1:1") != 0
+        # The original reports a submit it could not make as batch id 0, then nothing to poll.
+        assert a.transfer_submit_write("127.0.0.1:1", local.ctypes.data, 0, 16) == 0
+        assert a.batch_transfer_async_write("127.0.0.1:1", [0], [0], [16]) == 0
+    finally:
+        a.close()
+        b.close()

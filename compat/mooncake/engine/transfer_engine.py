@@ -17,18 +17,22 @@ redis is not supported by the engine (initialize returns -1 saying so). A port i
 
 Every call returns 0 (or a batch id, or an address) on success and a negative code on failure,
 as the original: -1 invalid argument, -3 address not registered, -7 overlapping registration,
--210 unknown segment, -800 transfer failed, -801 timed out.
+-210 unknown segment, -800 transfer failed, -801 timed out; the calls that return a batch id
+(``transfer_submit_write``, ``batch_transfer_async_*``) return 0 instead, as the original does.
+Addresses are host memory: a GPU pointer is refused with -1 (see ``mooncake._raw_memory``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 from collections.abc import Callable
+from typing import Any
+
+import numpy as np
 
 from mooncake._codes import logged
-from mooncake._raw_memory import array_at
+from mooncake._raw_memory import array_at, check_host
 from mooncake._setup_args import P2P, bind_address, check_metadata_server, engine_protocol, split_hostname
 from transfer.batch import OpCode, Status, TransferRequest
 from transfer.engine import TransferEngine as OurEngine
@@ -94,6 +98,7 @@ class TransferEngine:
     # -- memory ---------------------------------------------------------------------------------
     def register_memory(self, buffer_addr: int, capacity: int) -> int:
         def call(engine: OurEngine) -> int:
+            check_host(buffer_addr, capacity, "register_memory", FAILED)
             array = array_at(buffer_addr, capacity)
             engine.register_local_memory(array)
             self._registered[buffer_addr] = array
@@ -138,9 +143,38 @@ class TransferEngine:
         return code
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The lowest address of a peer's registered memory (its first buffer)."""
-        return self._int("get_first_buffer_address",
-                         lambda engine: _first_buffer(engine, segment_name))
+        """The lowest address of a segment's registered memory (its first buffer); 0 when it
+        has none yet, or cannot be reached (the original's "no buffer" answer)."""
+        return max(self._int("get_first_buffer_address", lambda engine: _first_buffer(engine, segment_name)), 0)
+
+    def write_bytes_to_buffer(self, dest_address: int, src_ptr: bytes, length: int) -> int:
+        """Copy ``length`` bytes of ``src_ptr`` (bytes-like) to host memory at ``dest_address``."""
+        def call(engine: OurEngine) -> int:
+            source = memoryview(src_ptr).cast("B")
+            if not 0 <= length <= source.nbytes:
+                raise InvalidArgument(f"length {length} is outside the {source.nbytes} bytes given")
+            if length:
+                check_host(dest_address, length, "write_bytes_to_buffer", FAILED)
+                array_at(dest_address, length)[:] = np.frombuffer(source[:length], dtype=np.uint8)
+            return 0
+        return self._int("write_bytes_to_buffer", call)
+
+    def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
+        """``length`` bytes of host memory at ``source_address`` (b"" when refused)."""
+        try:
+            check_host(source_address, length, "read_bytes_from_buffer", FAILED)
+            return array_at(source_address, length).tobytes() if length > 0 else b""
+        except Exception as exc:
+            logged("read_bytes_from_buffer", exc)
+            return b""
+
+    def send_probe(self, target_hostname: str) -> int:
+        """0 when the peer's segment is known and its engine answers; a negative code otherwise."""
+        def call(engine: OurEngine) -> int:
+            engine.open_segment(target_hostname)
+            engine.sync_segment_cache(target_hostname)  # asks the metadata service again
+            return 0
+        return self._int("send_probe", call)
 
     # -- transfers ------------------------------------------------------------------------------
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int) -> int:
@@ -164,8 +198,9 @@ class TransferEngine:
         return self._int("transfer_sync", call)
 
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int) -> int:
-        """A batch id to poll with ``transfer_check_status``, or a negative code."""
-        return self._submit(OpCode.WRITE, target_hostname, [buffer], [peer_buffer_address], [length])
+        """A batch id to poll with ``transfer_check_status``, or 0 when nothing was submitted
+        (an unknown peer, an unregistered buffer): the original's failure sentinel."""
+        return max(self._submit(OpCode.WRITE, target_hostname, [buffer], [peer_buffer_address], [length]), 0)
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: list[int], peer_buffer_addresses: list[int],
                                    lengths: list[int]) -> int:

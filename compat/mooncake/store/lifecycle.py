@@ -8,8 +8,11 @@ owns the pool; here ``server_address`` is our master's address, which knows that
 
 ``metadata_server`` is checked but, whatever it names, segment descriptors go through the
 master: every store client of the cluster, daemons included, publishes there, so that is the
-one place all of them find each other. ``local_buffer_size`` is checked and otherwise unused:
-our client stages plain-bytes puts in a per-thread buffer it sizes itself. ``engine`` (a
+one place all of them find each other. ``local_buffer_size`` bounds the values the copying
+calls (put, put_batch, put_parts, upsert*, the tensor puts) take, as the original's local buffer
+does: a larger value, or any with 0, is refused with INVALID_PARAMS; our client stages them in
+a per-thread buffer it sizes itself. A store dropped without ``close`` is closed when it is
+collected, and only then is its port (its name) free again. ``engine`` (a
 TransferEngine to share) is accepted for the signature; our client keeps its own. So are
 SGLang's keywords (SSD offload, tenant, client HTTP server), which the original added later:
 SGLang passes them when setup takes them, and our SSD tier is a master setting.
@@ -18,8 +21,11 @@ SGLang passes them when setup takes them, and our SSD tier is a master setting.
 from __future__ import annotations
 
 import socket
-from typing import Any
+import threading
+import time
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from mooncake._codes import INVALID_PARAMS, code_of, logged
 from mooncake._setup_args import (P2P, SetupError, bind_address, check_metadata_server, engine_protocol,
@@ -30,6 +36,9 @@ from transfer.errors import MooncakeError
 from transfer.settings import resolve
 
 DEFAULT_SIZE = 16 * 2**20
+HAS_LEASE = -706
+UPSERT_LEASE_RETRIES = 3
+MAX_LEASE_WAIT = 30.0  # seconds; a lease longer than this is the caller's to wait out
 DEFAULT_MASTER = "127.0.0.1:50051"
 
 
@@ -42,6 +51,9 @@ class StoreLifecycle:
         self._client: StoreClient | None = None
         self._hostname = ""
         self._port_holder: socket.socket | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._client_id = ""
+        self._local_buffer_size = DEFAULT_SIZE
         self._registered: dict[int, Any] = {}  # address -> the array registered over it
 
     # -- setup ----------------------------------------------------------------------------------
@@ -57,9 +69,11 @@ class StoreLifecycle:
             return self._setup_from(local_hostname)
         try:
             check_metadata_server(metadata_server)
-            parse_size(local_buffer_size, "local_buffer_size")
-            return self._start(local_hostname, parse_size(global_segment_size, "global_segment_size"),
+            buffer_size = parse_size(local_buffer_size, "local_buffer_size")
+            code = self._start(local_hostname, parse_size(global_segment_size, "global_segment_size"),
                                engine_protocol(protocol), master_address(master_server_addr))
+            self._local_buffer_size = buffer_size
+            return code
         except Exception as exc:
             return logged("setup", exc)
 
@@ -78,8 +92,10 @@ class StoreLifecycle:
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
         try:
             parse_size(mem_pool_size, "mem_pool_size")
-            parse_size(local_buffer_size, "local_buffer_size")
-            return self._start("127.0.0.1", 0, "auto", master_address(server_address))
+            buffer_size = parse_size(local_buffer_size, "local_buffer_size")
+            code = self._start("127.0.0.1", 0, "auto", master_address(server_address))
+            self._local_buffer_size = buffer_size
+            return code
         except Exception as exc:
             return logged("setup_dummy", exc)
 
@@ -93,14 +109,20 @@ class StoreLifecycle:
             holder = reserve_port(ip)
             port = holder.getsockname()[1]
         name = f"{host}:{port}"
+        client_id = _NAMES.acquire(name)
         try:
             config = resolve({"bind_host": ip, "transfer_protocol": protocol})
-            self._client = StoreClient(master, config, segment_size=segment_size, client_id=name)
+            self._client = StoreClient(master, config, segment_size=segment_size, client_id=client_id)
         except BaseException:
+            _NAMES.release(client_id)
             if holder is not None:
                 holder.close()
             raise
-        self._hostname, self._port_holder = name, holder
+        self._hostname, self._port_holder, self._client_id = name, holder, client_id
+        # A store dropped without close() (SGLang does) must not leave its client running once
+        # its port, and so its name, is free for the next store: the finalizer closes both, the
+        # client first. It holds them itself, never the store, so it runs when the store goes.
+        self._finalizer = weakref.finalize(self, _release, self._client, holder, client_id)
         return 0
 
     # -- teardown and identity ------------------------------------------------------------------
@@ -109,13 +131,18 @@ class StoreLifecycle:
         if client is None:
             return 0
         self._registered.clear()
-        if self._port_holder is not None:
-            self._port_holder.close()
-            self._port_holder = None
+        holder, self._port_holder = self._port_holder, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         try:
             client.close()
         except MooncakeError as exc:
             return logged("close", exc)
+        finally:
+            _NAMES.release(self._client_id)
+            if holder is not None:
+                holder.close()  # only now may another store take this name
         return 0
 
     def get_hostname(self) -> str:
@@ -145,6 +172,31 @@ class StoreLifecycle:
         except Exception as exc:
             return [logged(operation, exc)] * count
 
+    def _upserted(self, client: StoreClient, keys: list[str], upsert: bool,
+                  put: Callable[[list[int]], list[int]]) -> list[int]:
+        """``put(indices)`` -> codes, for all keys; for an upsert, the keys refused because a read
+        lease still runs (OBJECT_HAS_LEASE) are put again once it has run out. The original
+        overwrites in place under a lease; our master refuses, so that no reader ever copies
+        half-old, half-new bytes, and waiting out the lease (the master's TTL, 10 s by default)
+        gives the original's result with that guarantee kept."""
+        codes = put(list(range(len(keys))))
+        for _ in range(UPSERT_LEASE_RETRIES if upsert else 0):
+            leased = [i for i, code in enumerate(codes) if code == HAS_LEASE]
+            if not leased:
+                break
+            time.sleep(min(MAX_LEASE_WAIT, max(_lease_left(client, keys[i]) for i in leased)) + 0.01)
+            for i, code in zip(leased, put(leased)):
+                codes[i] = code
+        return codes
+
+    def _check_local_buffer(self, sizes: list[int]) -> None:
+        """The original copies put values through its local buffer of ``local_buffer_size``
+        bytes and refuses (INVALID_PARAMS) a value that does not fit; so does this store."""
+        for size in sizes:
+            if size > self._local_buffer_size:
+                raise SetupError(f"a {size}-byte value does not fit the {self._local_buffer_size}-byte "
+                                 "local buffer (local_buffer_size)")
+
     def _replication(self, config: Any) -> dict[str, Any]:
         if config is None:
             return {}
@@ -162,7 +214,53 @@ class StoreLifecycle:
             return [client.owner.segment.segment_id]  # LMCache prefers its own, on every put
         rows = client.master.inspect("segments")
         return [row["segment_id"] for name in names for row in rows
-                if name in (row["name"], row["segment_id"])]
+                if name in (row["name"], row["segment_id"], row["client_id"].partition("#")[0])]
+
+
+def _lease_left(client: StoreClient, key: str) -> float:
+    try:
+        return float(client.master.inspect("key", key)["lease_left"])
+    except Exception:
+        return 0.0
+
+
+class _LiveNames:
+    """The client ids of this process's live stores. A store set up with an explicit
+    "host:port" another live store already uses (the original's tests do, with a store they
+    never close) gets a distinct id, so two clients never share one segment name; its
+    ``get_hostname`` is still the name it was given."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def acquire(self, name: str) -> str:
+        with self._lock:
+            client_id, n = name, 1
+            while client_id in self._ids:
+                n += 1
+                client_id = f"{name}#{n}"
+            self._ids.add(client_id)
+            return client_id
+
+    def release(self, client_id: str) -> None:
+        with self._lock:
+            self._ids.discard(client_id)
+
+
+_NAMES = _LiveNames()
+
+
+def _release(client: StoreClient, holder: socket.socket | None, client_id: str) -> None:
+    """Close a dropped store's client, then free its name and port."""
+    try:
+        client.close()
+    except Exception:  # a finalizer has no caller to tell; the master's TTL drops the client
+        pass
+    finally:
+        _NAMES.release(client_id)
+        if holder is not None:
+            holder.close()
 
 
 def _master_health(client: StoreClient) -> int:

@@ -3,7 +3,9 @@
 The fields are the original's, settable as attributes. They are checked when a put uses them,
 as the original does, so a bad config makes that put return INVALID_PARAMS (-600) rather than
 raise: ``replica_num`` must be at least 1; ``soft_pin_ttl_ms`` may only be set with
-``soft_pin_action = SoftPinAction.ENABLE`` and must then be positive.
+``soft_pin_action = SoftPinAction.ENABLE`` and must then be positive. Assigning
+``soft_pin_ttl_ms`` anything but None or an unsigned 64-bit integer raises TypeError at once,
+as the original's binding does.
 """
 
 from __future__ import annotations
@@ -26,8 +28,20 @@ class ReplicateConfig:
         self.preferred_segment = ""
         self.preferred_segments: list[str] = []
         self.soft_pin_action = SoftPinAction.PRESERVE
-        self.soft_pin_ttl_ms: int | None = None
+        self._soft_pin_ttl_ms: int | None = None
         self.with_hard_pin = False
+
+    @property
+    def soft_pin_ttl_ms(self) -> int | None:
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, value: int | None) -> None:
+        # The original's field is an optional uint64: pybind refuses anything else with TypeError.
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value < 1 << 64):
+            raise TypeError(f"soft_pin_ttl_ms must be None or an integer in [0, 2**64), not {value!r}")
+        self._soft_pin_ttl_ms = value
 
     def preferred(self) -> list[str]:
         """The segments asked for, the single field first as the original reads it."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mooncake._codes import INVALID_PARAMS, code_of, logged
-from mooncake._raw_memory import address_of_bytes, array_at, copy
+from mooncake._raw_memory import address_of_bytes, array_at, check_host, copy
 from mooncake.store.bytes_api import BytesApi
 from mooncake.store.lifecycle import put_code
 from store.client import StoreClient
@@ -24,6 +24,7 @@ from store.client import StoreClient
 class ZeroCopyApi(BytesApi):
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         def call(client: StoreClient) -> int:
+            check_host(buffer_ptr, size, "register_buffer", INVALID_PARAMS)
             array = array_at(buffer_ptr, size)
             client.register_buffer(array)
             self._registered[buffer_ptr] = array
@@ -41,17 +42,33 @@ class ZeroCopyApi(BytesApi):
     def put_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
         return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
 
+    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
+        """Like put_from, but replaces an existing object instead of keeping it."""
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         """Bytes read into [buffer_ptr, +size), or a negative code."""
         return self.batch_get_into([key], [buffer_ptr], [size])[0]
 
     def batch_put_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                        config: Any = None) -> list[int]:
+        return self._batch_from("batch_put_from", keys, buffer_ptrs, sizes, config, upsert=False)
+
+    def batch_upsert_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
+                          config: Any = None) -> list[int]:
+        return self._batch_from("batch_upsert_from", keys, buffer_ptrs, sizes, config, upsert=True)
+
+    def _batch_from(self, operation: str, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
+                    config: Any, upsert: bool) -> list[int]:
         def call(client: StoreClient) -> list[int]:
             _same_length(keys, buffer_ptrs, sizes)
-            results = client.batch_put_from(keys, buffer_ptrs, sizes, **self._replication(config))
-            return [put_code(r) for r in results]
-        return self._ints("batch_put_from", len(keys), call)
+            if not keys:
+                return []
+            replication = self._replication(config)
+            return self._upserted(client, keys, upsert, lambda picked: [put_code(r) for r in client.batch_put_from(
+                [keys[i] for i in picked], [buffer_ptrs[i] for i in picked], [sizes[i] for i in picked],
+                upsert=upsert, **replication)])
+        return self._ints(operation, len(keys), call)
 
     def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
         def call(client: StoreClient) -> list:
@@ -109,8 +126,7 @@ class ZeroCopyApi(BytesApi):
         except Exception as exc:
             code = logged("get_into_ranges", exc)
             return [[[code] * len(sizes) for sizes in groups] for groups in all_sizes]
-        return [[[_copy_range(client, objects[key], base + dst, src, size)
-                  for dst, src, size in zip(dsts, srcs, sizes)]
+        return [[_copy_ranges(client, objects[key], base, dsts, srcs, sizes)
                  for key, dsts, srcs, sizes in zip(keys, dst_groups, src_groups, size_groups)]
                 for base, keys, dst_groups, src_groups, size_groups
                 in zip(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes)]
@@ -145,6 +161,14 @@ def _scatter(address: int, size: int, ptrs: list[int], sizes: list[int]) -> None
             return
         copy(ptr, address + offset, length)
         offset += length
+
+
+def _copy_ranges(client: StoreClient, value: Any, base: int, dsts: list[int], srcs: list[int],
+                 sizes: list[int]) -> list[int]:
+    """One key's ranges; lists of unequal length fail every range (the longest list's count)."""
+    if not len(dsts) == len(srcs) == len(sizes):
+        return [INVALID_PARAMS] * max(len(dsts), len(srcs), len(sizes))
+    return [_copy_range(client, value, base + dst, src, size) for dst, src, size in zip(dsts, srcs, sizes)]
 
 
 def _copy_range(client: StoreClient, value: Any, destination: int, source: int, size: int) -> int:

@@ -1,0 +1,61 @@
+"""The original wheel's console scripts: the official CI's `mooncake_master` start line runs our
+master in the foreground, stores set up against it, and SIGTERM stops it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mooncake.cli import FlagError, client_args, master_args
+from mooncake.store import MooncakeDistributedStore
+from tests.conftest import REPO
+from tests.compat.test_transfer_engine import free_port
+
+SCRIPT = ("import sys; sys.path.insert(0, {compat!r}); from mooncake.cli import {main}; "
+          "sys.exit({main}())")
+
+
+def run_script(main: str, args: list[str], env: dict) -> subprocess.Popen:
+    code = SCRIPT.format(compat=str(REPO / "compat"), main=main)
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_flags_map_to_our_commands():
+    assert master_args(["--rpc_port=50051", "--default_kv_lease_ttl=500", "--enable_http_metadata_server=true",
+                        "--http_metadata_server_port", "8080", "--max_threads=4", "-cluster_id=x"]) == [
+        "start", "master", "--foreground", "--rpc_port", "50051", "--default_kv_lease_ttl", "500",
+        "--enable_http_metadata_server", "--http_metadata_server_port", "8080"]
+    assert "--enable_http_metadata_server" not in master_args(["--enable_http_metadata_server=false"])
+    with pytest.raises(FlagError):
+        master_args(["--no_such_flag=1"])
+    assert client_args(["--master_server_address=10.0.0.1:50051", "--global_segment_size=1 GB", "--port=50052"]) == [
+        "start", "store-client", "--foreground", "--master", "tcp://10.0.0.1:50051", "--segment-size", str(1 << 30)]
+
+
+def test_the_official_ci_start_line_serves_until_sigterm(tmp_path):
+    rpc, http = free_port(), free_port()
+    env = {**os.environ, "MOONCAKE_WORKDIR": str(tmp_path / "wd"), "PYTHONPATH": str(REPO)}
+    master = run_script("master_main", ["--default_kv_lease_ttl=500", "--eviction_high_watermark_ratio=0.95",
+                                        "--cluster_id=ci_test_cluster", "--port", str(rpc),
+                                        "--enable_http_metadata_server=true",
+                                        f"--http_metadata_server_port={http}"], env)
+    try:
+        store = MooncakeDistributedStore()
+        deadline = time.monotonic() + 60
+        while store.setup("127.0.0.1", f"http://127.0.0.1:{http}/metadata", "4MB", "4MB", "tcp", "",
+                          f"127.0.0.1:{rpc}") != 0:
+            assert master.poll() is None and time.monotonic() < deadline, master.stdout.read()
+            time.sleep(0.2)
+        assert store.put("ci-line", b"ok") == 0 and store.get("ci-line") == b"ok"
+        store.close()
+    finally:
+        master.send_signal(signal.SIGTERM)
+        output = master.communicate(timeout=60)[0]
+    assert master.returncode == 0, output
+    assert "cluster_id" in output  # named as accepted without effect
