@@ -25,11 +25,6 @@ def require_program(program: str, package: str) -> str:
     return path
 
 
-def require_root(why: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip(f"needs root: {why}")
-
-
 class Mooncake:
     """Runs `python -m mooncake_cli ...` against one workdir, like an ops script would."""
 
