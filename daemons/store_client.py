@@ -31,6 +31,7 @@ class StoreClientDaemon(Daemon):
         matrix, _ = topology.load_or_discover(
             str(matrix_file) if matrix_file.exists() else self.config.topology,
             self.config.sysfs_root, self.config.include_virtual)
+        self.master = master
         self.client = StoreClient(master, self.config, segment_size=self.config.segment_size,
                                   heartbeat=False, topology=matrix, shm_prefix=shm_prefix(self.cluster_id),
                                   client_id=f"{self.name}-{self.cluster_id}-{self.started_at:.0f}")
@@ -52,6 +53,8 @@ class StoreClientDaemon(Daemon):
         if not hasattr(self, "client"):
             return {}
         owner = self.client.owner
-        return {"client_id": self.client.client_id, "segment_id": owner.segment.segment_id,
+        # The master lets a segment-less client told only this daemon's address (the compat
+        # package's setup_dummy, as the original's dummy client is) join the same pool.
+        return {"client_id": self.client.client_id, "master": self.master, "segment_id": owner.segment.segment_id,
                 "segment_size": owner.segment.size, "num_objects": len(owner.record),
                 "num_remounts": owner.num_remounts, "master_status": self.last_status}

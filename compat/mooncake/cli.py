@@ -3,7 +3,7 @@
     mooncake_master [--rpc_port=50051|--port 50051] [--rpc_address=ADDR] [--default_kv_lease_ttl=MS]
                     [--eviction_high_watermark_ratio=R] [--enable_http_metadata_server[=true]] ...
     mooncake_http_metadata_server [--port 8080] [--host 0.0.0.0]
-    mooncake_client [--master_server_address=H:P] [--global_segment_size="4 GB"] ...
+    mooncake_client [--master_server_address=H:P] [--global_segment_size="4 GB"] [--port=50052] ...
 
 Flags take gflags' forms (``--flag=value``, ``--flag value``, ``-flag``, booleans as ``--flag``
 or ``--flag=true|false``). Each script hands the flags our daemon has to ``mooncake start``
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from mooncake._setup_args import parse_size
 
 VERSION = "mooncake-compat 0.1.0 (mooncake-py)"
+REAL_CLIENT_PORT = 50052  # the original's mooncake_client listens here for its dummy clients
 
 MASTER_FLAGS = {  # original flag -> our `start master` flag (same meaning)
     "rpc_port": "--rpc_port", "port": "--port", "rpc_address": "--rpc_address",
@@ -38,7 +39,7 @@ MASTER_IGNORED = {
     "put_start_release_timeout_sec", "enable_metadata_cleanup_on_timeout", "config_path",
     "alsologtostderr", "logtostderr", "v", "minloglevel", "log_dir",
 }
-CLIENT_IGNORED = {"host", "metadata_server", "device_names", "protocol", "port", "local_buffer_size",
+CLIENT_IGNORED = {"host", "metadata_server", "device_names", "protocol", "local_buffer_size",
                   "threads", "tenant_id", "enable_offload", "start_offload_rpc_server",
                   "alsologtostderr", "logtostderr", "v", "minloglevel", "log_dir"}
 BOOL_IGNORED = {"enable_metric_reporting", "allow_evict_soft_pinned_objects", "enable_metadata_cleanup_on_timeout",
@@ -103,13 +104,17 @@ def client_args(argv: list[str]) -> list[str]:
     flags = parse_gflags(argv, BOOL_IGNORED)
     master = flags.pop("master_server_address", "127.0.0.1:50051")
     size = parse_size(flags.pop("global_segment_size", "4 GB"), "global_segment_size")
+    # The port dummy clients (setup_dummy) are given; here the daemon's control port, which
+    # tells them the master.
+    port = flags.pop("port", str(REAL_CLIENT_PORT))
     unknown = sorted(set(flags) - CLIENT_IGNORED)
     if unknown:
         raise FlagError(f"unknown command line flag '{unknown[0]}'")
     if flags:
         print(f"mooncake_client: accepted without effect here: {', '.join(sorted(flags))}", file=sys.stderr)
     address = master if master.startswith(("tcp://", "etcd://")) else f"tcp://{master}"
-    return ["start", "store-client", "--foreground", "--master", address, "--segment-size", str(size)]
+    return ["start", "store-client", "--foreground", "--master", address, "--segment-size", str(size),
+            "--port", port]
 
 
 def _run_mooncake(build: Callable[[list[str]], list[str]], program: str) -> int:

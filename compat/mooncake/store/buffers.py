@@ -1,5 +1,5 @@
 """What reads hand back and what standalone clients allocate: ``BufferHandle``,
-``ReplicaDescriptor`` and ``MooncakeHostMemAllocator``."""
+``ReplicaDescriptor``, ``MooncakeHostMemAllocator`` and a dummy client's ``MemoryPool``."""
 
 from __future__ import annotations
 
@@ -83,3 +83,30 @@ class MooncakeHostMemAllocator:
             return -1
         mapping.close()
         return 0
+
+
+class MemoryPool:
+    """A dummy client's memory pool (``setup_dummy``'s ``mem_pool_size``), handed out by
+    ``alloc_from_mem_pool`` from one anonymous mapping, front to back, as the original's shared
+    memory helper does: nothing is freed before the pool goes, with its store. Pages cost RAM
+    only once touched, so a pool of gigabytes is cheap until used."""
+
+    ALIGNMENT = 64  # a cache line, so neighbouring allocations never share one
+
+    def __init__(self, size: int) -> None:
+        self._mapping = mmap.mmap(-1, size) if size else None
+        self._base = address_of_bytes(self._mapping) if self._mapping is not None else 0
+        self._size = size
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def allocate(self, size: int) -> int:
+        """The address of ``size`` bytes of the pool; 0 when it has not that many left."""
+        if size <= 0:
+            return 0
+        with self._lock:
+            start = -(-self._next // self.ALIGNMENT) * self.ALIGNMENT
+            if start + size > self._size:
+                return 0
+            self._next = start + size
+            return self._base + start

@@ -4,7 +4,9 @@
 ``master_server_addr`` and, when ``global_segment_size`` > 0, contributes a segment of that
 size (Mooncake's "embedded" mode). ``setup_dummy`` builds one with no segment, using the pool
 that store-client daemons contribute (Mooncake's standalone mode, where a separate real client
-owns the pool; here ``server_address`` is our master's address, which knows that pool).
+owns the pool). ``server_address`` is that real client's address, as in the original (compat's
+``mooncake_client`` serves on its ``--port``, 50052 by default, and names its master when
+asked), or our master's own.
 
 ``metadata_server`` is checked but, whatever it names, segment descriptors go through the
 master: every store client of the cluster, daemons included, publishes there, so that is the
@@ -27,12 +29,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from mooncake._codes import INVALID_PARAMS, code_of, logged
+from mooncake._codes import INVALID_PARAMS, code_of, log, logged
 from mooncake._setup_args import (P2P, SetupError, bind_address, check_metadata_server, engine_protocol,
                                   master_address, parse_size, reserve_port, split_hostname)
+from mooncake.store.buffers import MemoryPool
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
 from transfer.errors import MooncakeError
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
 DEFAULT_SIZE = 16 * 2**20
@@ -40,6 +44,7 @@ HAS_LEASE = -706
 UPSERT_LEASE_RETRIES = 3
 MAX_LEASE_WAIT = 30.0  # seconds; a lease longer than this is the caller's to wait out
 DEFAULT_MASTER = "127.0.0.1:50051"
+DUMMY_LOOKUP_TIMEOUT = 5.0  # seconds for the real client (or master) to name its master
 
 
 class NotSetUp(SetupError):
@@ -55,6 +60,8 @@ class StoreLifecycle:
         self._client_id = ""
         self._local_buffer_size = DEFAULT_SIZE
         self._registered: dict[int, Any] = {}  # address -> the array registered over it
+        # A dummy client's pool outlives close(): callers may still hold its addresses.
+        self._mem_pool: MemoryPool | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, local_hostname: str | dict, metadata_server: str = P2P,
@@ -91,13 +98,25 @@ class StoreLifecycle:
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
         try:
-            parse_size(mem_pool_size, "mem_pool_size")
+            pool_size = parse_size(mem_pool_size, "mem_pool_size")
             buffer_size = parse_size(local_buffer_size, "local_buffer_size")
-            code = self._start("127.0.0.1", 0, "auto", master_address(server_address))
+            code = self._start("127.0.0.1", 0, "auto", _master_behind(master_address(server_address)))
             self._local_buffer_size = buffer_size
+            if self._mem_pool is None:
+                self._mem_pool = MemoryPool(pool_size)
             return code
         except Exception as exc:
             return logged("setup_dummy", exc)
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of ``size`` bytes of the dummy client's pool, for register_buffer and the
+        zero-copy calls; 0 when the pool is short, or for a store set up with ``setup`` (the
+        original's real client has no pool either)."""
+        address = self._mem_pool.allocate(size) if self._mem_pool is not None else 0
+        if not address:
+            log.error("alloc_from_mem_pool(%d): %s", size,
+                      "the pool is exhausted" if self._mem_pool is not None else "not a dummy client")
+        return address
 
     def _start(self, local_hostname: str, segment_size: int, protocol: str, master: str) -> int:
         if self._client is not None:
@@ -210,8 +229,11 @@ class StoreLifecycle:
         """Our segment ids for the original's segment names ("host:port"); ids pass through.
         Unknown names are dropped: a preference, not a requirement."""
         client = self._require()
-        if client.owner is not None and names == [self._hostname]:
-            return [client.owner.segment.segment_id]  # LMCache prefers its own, on every put
+        # LMCache prefers its own segment on every put: skip the lookup. Not when another live
+        # store of this process took the same "host:port" (the original's tests do): the
+        # original knows both segments by that one name, and so does the lookup below.
+        if client.owner is not None and names == [self._hostname] and not _NAMES.is_shared(self._hostname):
+            return [client.owner.segment.segment_id]
         rows = client.master.inspect("segments")
         return [row["segment_id"] for name in names for row in rows
                 if name in (row["name"], row["segment_id"], row["client_id"].partition("#")[0])]
@@ -243,6 +265,11 @@ class _LiveNames:
             self._ids.add(client_id)
             return client_id
 
+    def is_shared(self, name: str) -> bool:
+        """Whether more than one live store goes by ``name``."""
+        with self._lock:
+            return sum(1 for i in self._ids if i.partition("#")[0] == name) > 1
+
     def release(self, client_id: str) -> None:
         with self._lock:
             self._ids.discard(client_id)
@@ -261,6 +288,18 @@ def _release(client: StoreClient, holder: socket.socket | None, client_id: str) 
         _NAMES.release(client_id)
         if holder is not None:
             holder.close()
+
+
+def _master_behind(address: str) -> str:
+    """The master a dummy client joins: the one a store-client daemon at ``address`` serves, or
+    ``address`` itself when a master answers there."""
+    with RpcClient(address, timeout=DUMMY_LOOKUP_TIMEOUT) as daemon:
+        status = daemon.call("status")
+    if status.get("role") == "store-client":
+        return status["master"]
+    if status.get("role") == "master":
+        return address
+    raise SetupError(f"{address} is a {status.get('role')!r} daemon, neither a store client nor a master")
 
 
 def _master_health(client: StoreClient) -> int:
