@@ -175,3 +175,21 @@ def test_mooncake_config_reads_files_and_sizes(tmp_path, monkeypatch):
         MooncakeConfig.load_from_env()
     monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(path))
     assert MooncakeConfig.load_from_env().local_hostname == "h"
+
+
+def test_stores_sharing_a_hostname_share_its_segment_name(master):
+    """Two live stores set up with one "host:port" (the official tests do): the original knows
+    both segments by that name, so clearing by it reaches a replica on either."""
+    first, second = MooncakeDistributedStore(), MooncakeDistributedStore()
+    try:
+        for store in (first, second):
+            assert store.setup("localhost:12399", "P2PHANDSHAKE", "4MB", "4MB", "tcp", "", master) == 0
+        assert first.get_hostname() == second.get_hostname() == "localhost:12399"
+        config = ReplicateConfig()
+        config.preferred_segment = second._client.owner.segment.segment_id  # not first's own
+        assert second.put("shared-name", b"on the second", config) == 0
+        _wait(first._client.master.inspect("counters")["lease_ttl"])
+        assert first.batch_replica_clear(["shared-name"], segment_name=first.get_hostname()) == ["shared-name"]
+    finally:
+        first.close()
+        second.close()

@@ -83,6 +83,10 @@ def test_into_shares_the_buffer_and_from_stores_it_back(store):
     ctypes.memset(ptr, 0, 8)  # no longer a tensor object
     assert store.put_tensor_from("from-garbage", ptr, size) == INVALID
     assert store.get_tensor_into("missing-into", ptr, size) is None
+    # A batch read answers per key: None for a failed read, INVALID_PARAMS for every key when
+    # the lists do not pair up (a code, as the original, not a None to compare with 0).
+    assert store.batch_get_tensor_into(["missing-into"], [ptr], [size]) == [None]
+    assert store.batch_get_tensor_into(["into", "missing-into"], [ptr], [size]) == [INVALID, INVALID]
     assert store.unregister_buffer(ptr) == 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mooncake._codes import OBJECT_NOT_FOUND, log, logged
+from mooncake._codes import INVALID_PARAMS, OBJECT_NOT_FOUND, log, logged
 from mooncake._raw_memory import array_at
 from mooncake.store import tensor_codec as codec
 from mooncake.store.zero_copy import ZeroCopyApi
@@ -126,10 +126,14 @@ class TensorApi(ZeroCopyApi):
         return self.batch_get_tensor_into([key], [buffer_ptr], [size])[0]
 
     def batch_get_tensor_into(self, keys: list[str], buffer_ptrs: list[int],
-                              sizes: list[int]) -> list[torch.Tensor | None]:
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            logged("batch_get_tensor_into", ValueError("the argument lists must have the same length"))
-            return [None] * len(keys)
+                              sizes: list[int]) -> list[torch.Tensor | int | None]:
+        """A tensor per key (None where its read failed); arguments the call cannot take (lists
+        of different lengths, a null pointer, no setup) give INVALID_PARAMS for every key, as the
+        original does."""
+        if not len(keys) == len(buffer_ptrs) == len(sizes) or 0 in buffer_ptrs or self._client is None:
+            logged("batch_get_tensor_into", ValueError(
+                "the argument lists must have the same length, with no null pointer, on a set-up store"))
+            return [INVALID_PARAMS] * len(keys)
         read = self.batch_get_into(keys, buffer_ptrs, sizes)
         return [_decode_at(ptr, n) if n > 0 else None for ptr, n in zip(buffer_ptrs, read)]
 
