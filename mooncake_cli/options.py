@@ -17,14 +17,15 @@ from collections.abc import Callable
 import typer
 
 from transfer.settings import (
-    SECTIONS, SETTINGS, Config, Setting, SettingError, resolve, setting, settings_in,
+    SECTIONS, SETTINGS, SIZE_UNITS_HELP, Config, Setting, SettingError, resolve, setting, settings_in,
 )
 
 CONFIG_HELP = "YAML file of settings (keys are setting names); flags and MOONCAKE_* env vars win over it."
 
 
 def _option_for(spec) -> inspect.Parameter:
-    help_text = f"{spec.help} [default: {spec.default_text or 'none'}; env {spec.env_var}]"
+    units = f" {SIZE_UNITS_HELP}" if spec.kind == "size" else ""
+    help_text = f"{spec.help}{units} [default: {spec.default_text or 'none'}; env {spec.env_var}]"
     is_switch = spec.kind == "bool"
     flags = f"{spec.flag}/--no-{spec.flag[2:]}" if is_switch else spec.flag
     option = typer.Option(None, flags, help=help_text, show_default=False,

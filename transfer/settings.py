@@ -22,21 +22,23 @@ import yaml
 
 from transfer.errors import SettingError
 
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+# One meaning for every size in the project, the one Mooncake itself uses ("256MB" in its
+# configs is 256 MiB): K, KB, Ki and KiB all mean 2**10 bytes, and so on up to T.
+_SIZE_UNITS = {"": 1, "b": 1} | {
+    prefix + suffix: 2 ** (10 * power)
+    for power, prefix in enumerate("kmgt", start=1) for suffix in ("", "b", "i", "ib")
 }
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
-SIZE_ACCEPTS = "a byte count such as 4096, 64KiB, 512MB or 1GiB"
+SIZE_UNITS_HELP = "Units are binary, as in Mooncake: 512MB = 512MiB = 512 x 2^20 bytes."
+SIZE_ACCEPTS = f"a byte count such as 4096, 64KiB, 512MB or 1GiB ({SIZE_UNITS_HELP})"
 DURATION_ACCEPTS = "a duration such as 500ms, 10s, 30m or 2h (a bare number is seconds)"
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``4096``, ``64KiB``, ``512MB``, ``1GiB``. Raises ValueError otherwise."""
+    """Bytes from ``4096``, ``64KiB``, ``512MB``, ``1GiB`` (every unit binary: ``512MB`` is
+    512 MiB). A fraction must come to whole bytes (``1.5KiB``). Raises ValueError otherwise."""
     if isinstance(text, bool):
         raise ValueError(text)
     if isinstance(text, int):

@@ -9,13 +9,11 @@ life, so two stores on a host never take the same name. Protocols: "tcp" and "rd
 from __future__ import annotations
 
 import os
-import re
 import socket
 
 from mooncake._codes import INVALID_PARAMS
+from transfer.settings import parse_size as project_parse_size
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 METADATA_SCHEMES = ("http://", "https://", "etcd://", "redis://", "tcp://")
 P2P = "P2PHANDSHAKE"
 
@@ -27,19 +25,12 @@ class SetupError(ValueError):
 
 
 def parse_size(value: int | str, what: str) -> int:
-    if isinstance(value, bool):
-        raise SetupError(f"{what}: {value!r} is not a size")
-    if isinstance(value, int):
-        if value < 0:
-            raise SetupError(f"{what}: {value} is negative")
-        return value
-    match = _SIZE.match(str(value))
-    if not match or (match.group(3) and not match.group(2) and match.group(3).lower() != "b"):
-        raise SetupError(f"{what}: {value!r} is not a size such as 4096, 16MB or 1 GiB")
-    size = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if size != int(size):
-        raise SetupError(f"{what}: {value!r} is not a whole number of bytes")
-    return int(size)
+    """Bytes for an int or a string such as "16MB" or "1 GiB": the project's one size grammar,
+    every unit binary as in the original."""
+    try:
+        return project_parse_size(value)
+    except ValueError:
+        raise SetupError(f"{what}: {value!r} is not a size such as 4096, 16MB or 1 GiB") from None
 
 
 def engine_protocol(protocol: str) -> str:

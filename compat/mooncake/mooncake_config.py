@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from transfer.settings import parse_size
 
 logger = logging.getLogger(__name__)
 
@@ -27,25 +28,31 @@ _KNOWN_PROTOCOLS = frozenset({
     "ascend", "ub", "ubshmem", "maca", "sunrise_link", "rpc_only",
 })
 _REQUIRED = ("local_hostname", "metadata_server", "master_server_address")
-_UNIT = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)b?$")
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 _TRUE = ("true", "1", "yes", "on", "enable")
 _FALSE = ("false", "0", "no", "off", "disable")
 
 
 def _parse_segment_size(value: Any) -> int:
-    """Bytes for an int, a float (truncated) or a string with an optional binary unit."""
+    """Bytes for an int, a float or a plain number as text (truncated, as the original does:
+    "1e9", "3.5"), or a size with a unit in the project's one grammar ("4GB", "512 mb", "1.5g";
+    every unit binary)."""
     if isinstance(value, bool):
         raise ValueError(f"Invalid segment size: {value!r}")
     if isinstance(value, (int, float)):
         return int(value)
-    text = str(value).strip().lower()
-    if not text:
-        raise ValueError("Invalid segment size: empty string")
-    match = _UNIT.match(text)
-    if match is None:
-        raise ValueError(f"Invalid segment size: {value!r} (expected e.g. 4096, 512MB or 3 GB)")
-    return int(float(match.group(1)) * 1024 ** _POWERS[match.group(2)])
+    text = str(value).strip()
+    try:
+        size = int(float(text))
+    except (ValueError, OverflowError):  # "nan" and "inf" too
+        size = None
+    try:
+        if size is None:
+            size = parse_size(text)
+        if size < 0:
+            raise ValueError(text)
+        return size
+    except ValueError:
+        raise ValueError(f"Invalid segment size: {value!r} (expected e.g. 4096, 512MB or 3 GB)") from None
 
 
 def _parse_bool(value: Any) -> bool:

@@ -17,12 +17,12 @@ from rich.table import Table
 from daemons.ha.etcd_server import EtcdServer
 from daemons.ha.failover_scenario import run_failover
 from mooncake_cli.output import JSON_HELP, emit, fail
-from transfer.settings import parse_duration, parse_size
+from transfer.settings import SIZE_UNITS_HELP, parse_duration, parse_size
 
 
 def failover(
     objects: int = typer.Option(200, min=1, help="Objects put before the kill."),
-    size: str = typer.Option("4KiB", help="Size of each object."),
+    size: str = typer.Option("4KiB", help=f"Size of each object. {SIZE_UNITS_HELP}"),
     lease_ttl: str = typer.Option("2s", help="The masters' etcd lease TTL (Mooncake's default is 5s)."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:

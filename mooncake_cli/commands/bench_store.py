@@ -14,17 +14,17 @@ from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
 from store.bench import run_size
 from transfer.errors import MooncakeError
-from transfer.settings import parse_size
+from transfer.settings import SIZE_UNITS_HELP, parse_size
 
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
 
 
 @settings_options("cluster", "rpc", "transfer", "checksum", "segment_size", "master", "cluster_id")
 def store(
-    sizes: str = typer.Option(",".join(SIZES), help="Comma-separated value sizes."),
+    sizes: str = typer.Option(",".join(SIZES), help=f"Comma-separated value sizes. {SIZE_UNITS_HELP}"),
     batch: int = typer.Option(32, min=1, help="Objects per batch call."),
     duration: float = typer.Option(1.0, min=0.05, help="Seconds per cell at most."),
-    budget: str = typer.Option("256MiB", help="Bytes of objects one cell writes at most."),
+    budget: str = typer.Option("256MiB", help=f"Bytes of objects one cell writes at most. {SIZE_UNITS_HELP}"),
     use_running: bool = typer.Option(False, "--use-running", help="Benchmark the cluster in "
                                      "--workdir instead of starting (and stopping) a fresh one "
                                      "(implied by --master)."),

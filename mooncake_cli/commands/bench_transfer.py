@@ -9,14 +9,14 @@ from rich.table import Table
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
 from transfer.engine_options import EngineOptions
-from transfer.settings import parse_size
+from transfer.settings import SIZE_UNITS_HELP, parse_size
 
 
 @settings_options("transfer")
 def transfer(
     protocol: str = typer.Option("auto", help="shm, tcp, rdma or auto (shm > rdma > tcp)."),
     op: str = typer.Option("write", help="read or write."),
-    block_size: str = typer.Option("1MiB", help="Bytes per request, e.g. 64KiB, 16MiB."),
+    block_size: str = typer.Option("1MiB", help=f"Bytes per request, e.g. 64KiB, 16MiB. {SIZE_UNITS_HELP}"),
     batch_size: int = typer.Option(16, min=1, help="Requests per batch."),
     threads: int = typer.Option(1, min=1, help="Initiator threads, each with its own batches."),
     duration: float = typer.Option(3.0, min=0.1, help="Seconds to measure."),

@@ -9,8 +9,9 @@ def test_config_show_reports_value_and_source_for_every_layer(mooncake, tmp_path
     config_file = tmp_path / "mooncake.yaml"
     config_file.write_text("drain_timeout: 2m\nstop_grace: 9s\n")
     data = mooncake.json("config", "show", "--config", str(config_file), "--rpc-timeout", "750ms",
-                         env={"MOONCAKE_STOP_GRACE": "4s"})
+                         "--segment-size", "256MB", env={"MOONCAKE_STOP_GRACE": "4s"})
     rows = {row["name"]: row for row in data["settings"]}
+    assert rows["segment_size"]["value"] == "256MiB"  # one size grammar: MB is binary, as compat's
     assert (rows["rpc_timeout"]["value"], rows["rpc_timeout"]["source"]) == ("750ms", "flag")
     assert (rows["stop_grace"]["value"], rows["stop_grace"]["source"]) == ("4s", "env")
     assert (rows["drain_timeout"]["value"], rows["drain_timeout"]["source"]) == ("2m", "file")

@@ -166,7 +166,7 @@ def test_mooncake_config_reads_files_and_sizes(tmp_path, monkeypatch):
     assert config.global_segment_size == 4 << 30 and config.protocol == "rdma" and not config.enable_ssd_offload
     assert config.local_buffer_size == 1 << 30 and config.tenant_id == "default"
     assert _parse_segment_size("1.5kb") == 1536 and _parse_segment_size("1e9") == 10**9
-    for bad in ("", "gb", "50%"):
+    for bad in ("", "gb", "50%", "inf", "-5"):
         with pytest.raises(ValueError):
             _parse_segment_size(bad)
     monkeypatch.delenv("MOONCAKE_CONFIG_PATH", raising=False)

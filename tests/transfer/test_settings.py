@@ -9,7 +9,9 @@ from transfer.settings import SETTINGS, parse_duration, parse_size, resolve, set
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("4096", 4096), (4096, 4096), ("64KiB", 65536), ("1GiB", 2**30), ("512MB", 512 * 10**6),
+    ("4096", 4096), (4096, 4096), ("64KiB", 65536), ("1GiB", 2**30),
+    # One meaning for every unit, Mooncake's: 512MB is 512 MiB, as compat's setup reads it.
+    ("512MB", 512 * 2**20), ("256 mb", 256 * 2**20), ("4k", 4096), ("2Gi", 2 * 2**30),
     ("16 MiB", 16 * 2**20), ("1.5KiB", 1536),
 ])
 def test_sizes(text, expected):
