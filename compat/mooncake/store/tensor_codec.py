@@ -3,7 +3,9 @@
     header (40 bytes)  magic "NOOM" (0x4d4f4f4e), version 1, header_size 304, dtype code, ndim,
                        layout kind (0 full, 1 shard), flags, data_offset (304), data_bytes
     layout (264 bytes) global shape[8], local shape[8] (int64, -1 past ndim), axis count, and
-                       up to 4 axes {kind (1 = TP), index, rank, count, split_dim, 0, 0}
+                       up to 4 axes {kind (0 DP, 1 TP, 2 EP, 3 PP), index, rank, count,
+                       split_dim (-1: none), tag (EP expert_id / PP stage_id, else 0),
+                       local extent along split_dim (0 without one)}
 
 All little-endian, as the C++ wheel lays its structs out on x86 and ARM, so objects written by
 either are read by the other. Pure: no store, only torch for the tensors.
@@ -22,7 +24,8 @@ VERSION = 1
 MAX_DIMS = 8
 MAX_AXES = 4
 FULL, SHARD = 0, 1
-AXIS_TP = 1
+AXIS_DP, AXIS_TP, AXIS_EP, AXIS_PP = 0, 1, 2, 3
+NO_SPLIT = -1
 
 _HEADER = struct.Struct("<IHHiiIIQQ")
 _SHAPES = struct.Struct(f"<{MAX_DIMS}q{MAX_DIMS}qII")
@@ -44,7 +47,9 @@ class TensorFormatError(ValueError):
 class Axis:
     rank: int
     count: int
-    split_dim: int
+    split_dim: int = NO_SPLIT
+    kind: int = AXIS_TP
+    tag: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class TensorMeta:
     shape: tuple[int, ...]  # the local shape: what the bytes hold
     global_shape: tuple[int, ...]
     data_bytes: int
+    is_shard: bool = False
     axes: tuple[Axis, ...] = ()
 
 
@@ -72,18 +78,23 @@ def payload(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def header(tensor: torch.Tensor, whole: torch.Tensor | None = None, axis: Axis | None = None) -> bytes:
-    """The metadata block for ``tensor``: full, or one shard of ``whole`` along ``axis``."""
+def header(tensor: torch.Tensor, global_shape: tuple[int, ...] | None = None, axes: tuple[Axis, ...] = ()) -> bytes:
+    """The metadata block for ``tensor``: full, or a shard of a tensor of ``global_shape``
+    identified by ``axes`` (in the order given, as the original records them)."""
     shape = list(tensor.shape)
     if len(shape) > MAX_DIMS:
         raise TensorFormatError(f"{len(shape)} dimensions; the format holds at most {MAX_DIMS}")
-    global_shape = list(whole.shape) if whole is not None else shape
+    if len(axes) > MAX_AXES:
+        raise TensorFormatError(f"{len(axes)} axes; the format holds at most {MAX_AXES}")
+    whole = list(global_shape) if global_shape is not None else shape
     pad = [-1] * (MAX_DIMS - len(shape))
-    axes = [axis] if axis is not None else []
     head = _HEADER.pack(MAGIC, VERSION, METADATA_SIZE, CODE_OF[tensor.dtype], len(shape),
                         SHARD if axes else FULL, 0, METADATA_SIZE, tensor.numel() * tensor.element_size())
-    layout = _SHAPES.pack(*(global_shape + pad), *(shape + pad), len(axes), 0)
-    packed_axes = b"".join(_AXIS.pack(AXIS_TP, 0, a.rank, a.count, a.split_dim, 0, 0) for a in axes)
+    layout = _SHAPES.pack(*(whole + pad), *(shape + pad), len(axes), 0)
+    packed_axes = b"".join(
+        _AXIS.pack(a.kind, index, a.rank, a.count, a.split_dim, a.tag,
+                   shape[a.split_dim] if 0 <= a.split_dim < len(shape) else 0)
+        for index, a in enumerate(axes))
     return head + layout + packed_axes + bytes(_AXIS.size * (MAX_AXES - len(axes)))
 
 
@@ -104,9 +115,12 @@ def parse(view: memoryview | bytes | bytearray) -> TensorMeta:
     if min(shape + global_shape[:ndim], default=0) < 0 or \
             int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size() != data_bytes:
         raise TensorFormatError("not a Mooncake tensor object (shape and size disagree)")
-    axes = tuple(Axis(*_AXIS.unpack_from(view, _HEADER.size + _SHAPES.size + i * _AXIS.size)[2:5])
-                 for i in range(count))
-    return TensorMeta(dtype, shape, tuple(global_shape[:ndim]), data_bytes, axes)
+    axes = []
+    for i in range(count):
+        axis_kind, _, rank, shard_count, split_dim, tag, _ = _AXIS.unpack_from(
+            view, _HEADER.size + _SHAPES.size + i * _AXIS.size)
+        axes.append(Axis(rank, shard_count, split_dim, axis_kind, tag))
+    return TensorMeta(dtype, shape, tuple(global_shape[:ndim]), data_bytes, kind == SHARD, tuple(axes))
 
 
 def tensor_over(meta: TensorMeta, data: np.ndarray) -> torch.Tensor:

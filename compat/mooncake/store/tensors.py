@@ -228,7 +228,8 @@ def _shard_objects(tensor: Any, tp_size: int, split_dim: int) -> list:
         objects = []
         for rank in range(tp_size):
             part = codec.shard(host, rank, tp_size, split_dim)
-            objects.append(codec.header(part, host, codec.Axis(rank, tp_size, split_dim)) + codec.payload(part))
+            objects.append(codec.header(part, tuple(host.shape), (codec.Axis(rank, tp_size, split_dim),))
+                           + codec.payload(part))
         return objects
     except Exception as exc:
         return [exc] * tp_size
