@@ -11,6 +11,8 @@ Tensor parallelism (``*_with_tp``): a write cuts the tensor into ``tp_size`` equ
 and unused, as in the original); a read with ``tp_size > 1`` returns slice ``tp_rank``. A
 dimension that does not divide evenly is refused with INVALID_PARAMS (-600), as the original.
 A device tensor is copied to host memory by torch before it is stored.
+The unified ``*_with_parallelism`` calls (parallel_tensors) read and write the same
+``<key>_tp_<rank>`` shards, so objects written by either family are read by the other.
 """
 
 from __future__ import annotations
