@@ -2,13 +2,18 @@
 
 from mooncake.store.buffers import BufferHandle, MooncakeHostMemAllocator, ReplicaDescriptor
 from mooncake.store.replicate_config import ReplicateConfig, SoftPinAction
+from mooncake.store.segments import SegmentApi
+from mooncake.store.sessions import SessionApi
+from mooncake.store.tasks import QueryTaskResponse, TaskApi, TaskStatus, TaskType
 from mooncake.store.tensors import TensorApi
 
 
-class MooncakeDistributedStore(TensorApi):
+class MooncakeDistributedStore(TensorApi, SessionApi, TaskApi, SegmentApi):
     """The original's store client: setup/close (lifecycle), bytes calls (bytes_api),
-    registered-memory calls (zero_copy) and tensor calls (tensors), one mixin per file."""
+    registered-memory calls (zero_copy), tensor calls (tensors), put and get sessions
+    (sessions), replica copy and move tasks (tasks) and the segment mounts it refuses
+    (segments), one mixin per file."""
 
 
-__all__ = ["BufferHandle", "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicaDescriptor",
-           "ReplicateConfig", "SoftPinAction"]
+__all__ = ["BufferHandle", "MooncakeDistributedStore", "MooncakeHostMemAllocator", "QueryTaskResponse",
+           "ReplicaDescriptor", "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]
