@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mooncake._codes import INVALID_PARAMS, code_of, log
@@ -58,7 +58,7 @@ class _Ranges:
 
     key: str
     index: int
-    ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    ranges: list[tuple[int, int, int]]
 
 
 class SessionApi(StoreLifecycle):
