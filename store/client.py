@@ -310,6 +310,54 @@ class StoreClient:
                 pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
         return results
 
+    def move_ranges(self, opcode: OpCode,
+                    ranges: list[tuple[int, ReplicaDescriptor, int, int]]) -> list[MooncakeError | None]:
+        """One engine batch of (local address, replica, offset into the object, size); per range
+        None or its error. For callers that hold replicas from a put start or a replica list
+        and move parts of an object (compat's put and get sessions)."""
+        return self._move(opcode, [(address, replica._replace(address=replica.address + offset), size)
+                                   for address, replica, offset, size in ranges])
+
+    # -- replica copies -------------------------------------------------------------------------
+    def copy_replicas(self, key: str, segment_ids: list[str], drop_segment: str = "") -> None:
+        """Give ``key`` a replica on each of ``segment_ids`` (see :mod:`store.replication`); with
+        ``drop_segment``, drop its replica there in the same step (a move). The bytes pass through
+        a buffer of this client: read from one source replica, written to every new one."""
+        sources, targets, checksum = self.master.copy_start(key, segment_ids)
+        try:
+            if targets:
+                error = self._copy_through(sources, targets, checksum)
+                if error is not None:
+                    raise error
+            self.master.copy_end(key, drop_segment)
+        except BaseException:
+            try:
+                self.master.copy_revoke(key)
+            except MooncakeError:
+                pass  # the master abandoned it already (a source or target went)
+            raise
+
+    def _copy_through(self, sources: list[ReplicaDescriptor], targets: list[ReplicaDescriptor],
+                      checksum: int | None) -> MooncakeError | None:
+        size = targets[0].size
+        array = np.empty(size, dtype=np.uint8)
+        address = self.register_buffer(array)
+        try:
+            error: MooncakeError | None = None
+            for source in self._ordered(sources):
+                error = self._move(OpCode.READ, [(address, source, size)])[0]
+                if error is None and self.config.checksum and checksum is not None \
+                        and checksum_of(array) != checksum:
+                    error = ChecksumMismatch(f"the bytes read from {source.segment_name} differ from those put")
+                if error is None:
+                    break
+            if error is not None:
+                return error
+            written = self._move(OpCode.WRITE, [(address, target, size) for target in targets])
+            return next((e for e in written if e is not None), None)
+        finally:
+            self.unregister_buffer(address)
+
     # -- the rest -------------------------------------------------------------------------------
     def exists(self, key: str) -> bool:
         return self.master.exists(key)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
-from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, replica_list_from_wire,
-                        reported_to_wire, segment_to_wire)
+from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
+                        replica_list_from_wire, reported_to_wire, segment_to_wire)
 from transfer.etcd.leader import master_rpc
 
 
@@ -90,6 +90,20 @@ class MasterClient:
 
     def promote_revoke(self, key: str) -> None:
         self._call("promote_revoke", client_id=self.client_id, key=key)
+
+    # -- replica copies (store.replication) ---------------------------------------------------
+    def copy_start(self, key: str, segment_ids: list[str]) -> tuple[list[ReplicaDescriptor],
+                                                                    list[ReplicaDescriptor], int | None]:
+        """(sources to read, new replicas to write, the object's checksum)."""
+        wire = self._call("copy_start", client_id=self.client_id, key=key, segment_ids=segment_ids)
+        return ([descriptor_from_wire(r) for r in wire["sources"]],
+                [descriptor_from_wire(r) for r in wire["targets"]], optional_int(wire.get("checksum"), "checksum"))
+
+    def copy_end(self, key: str, drop_segment: str = "") -> None:
+        self._call("copy_end", client_id=self.client_id, key=key, drop_segment=drop_segment)
+
+    def copy_revoke(self, key: str) -> None:
+        self._call("copy_revoke", client_id=self.client_id, key=key)
 
     # -- segments and liveness (the segment owner's side) --------------------------------------
     def mount_segment(self, segment: Segment) -> None:

@@ -19,6 +19,9 @@ Ops (args -> result; errors are the typed store errors):
     store.add_disk_replica                  {client_id, key, segment_id, address, checksum} -> nil
     store.promote_start                     {client_id, key, host?}          -> replica
     store.promote_end / promote_revoke      {client_id, key}                 -> nil
+    store.copy_start                        {client_id, key, segment_ids}    -> {sources, targets, checksum}
+    store.copy_end                          {client_id, key, drop_segment?}  -> nil
+    store.copy_revoke                       {client_id, key}                 -> nil
     store.remount                           {client_id, segments, objects, disk_objects?}
                                             -> {accepted, rejected, disk_rejected}
     store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
@@ -121,6 +124,11 @@ class StoreService:
                 str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "host", "")),
             "promote_end": lambda a, now: s.promote_end(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "promote_revoke": lambda a, now: s.promote_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
+            "copy_start": lambda a, now: s.copy_start(
+                str_arg(a, "client_id"), str_arg(a, "key"), str_list_arg(a, "segment_ids"), now),
+            "copy_end": lambda a, now: s.copy_end(
+                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "drop_segment", "")),
+            "copy_revoke": lambda a, now: s.copy_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "remount": self._remount,
             "ping": self._ping,
             "inspect": self._inspect,

@@ -28,6 +28,7 @@ from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, 
                            ReplicaStatus, ReplicateConfig, SegmentState)
 from store.placement import placement_order
 from store.policy import StorePolicy
+from store.replication import Replication
 from store.segment_journal import SegmentJournal
 from store.stats import MasterStats
 from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
@@ -35,7 +36,7 @@ from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 DEFAULT_CONFIG = ReplicateConfig()
 
 
-class MasterState(Membership, Tiering):
+class MasterState(Membership, Tiering, Replication):
     def __init__(self, policy: StorePolicy = StorePolicy(), seed: int | None = None) -> None:
         self.policy = policy
         self.stats = MasterStats()
@@ -96,6 +97,7 @@ class MasterState(Membership, Tiering):
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         self.lru.pop(key, None)
         self.offload_pending.pop(key, None)  # its owner's copy, if one comes, is refused as stale
+        self._abandon_copy(existing)  # it was reading the bytes now overwritten
         obj = self._new_object(client_id, key, size, now, config, existing.replicas)
         for replica in obj.replicas:
             replica.status = ReplicaStatus.PROCESSING
@@ -414,6 +416,7 @@ class MasterState(Membership, Tiering):
         return [obj.key for obj in victims]
 
     def _drop(self, obj: ObjectMeta) -> None:
+        self._abandon_copy(obj)
         for replica in obj.replicas + ([obj.promoting] if obj.promoting else []):
             self._free(obj.key, replica)
         del self.objects[obj.key]

@@ -92,6 +92,8 @@ class Membership:
             for obj in [o for o in self.objects.values() if o.owner == client.client_id and not o.complete]:
                 self._drop(obj)
                 self.stats.num_put_revokes += 1
+            for obj in [o for o in self.objects.values() if o.copying_owner == client.client_id]:
+                self._abandon_copy(obj)
             del self.clients[client.client_id]
             self.stats.num_expired_clients += 1
         return [c.client_id for c in expired]
@@ -177,6 +179,8 @@ class Membership:
         for obj in self.objects.values():
             if obj.promoting is not None and obj.promoting.segment_id == segment.segment_id:
                 obj.promoting = None
+            if any(r.segment_id == segment.segment_id for r in obj.copying):
+                self._abandon_copy(obj)  # a copy that cannot complete: free its other targets
         del self.segments[segment.segment_id]
         self.journal.forget(segment.segment_id)
         client = self.clients.get(segment.client_id)

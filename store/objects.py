@@ -119,6 +119,9 @@ class ObjectMeta:
     disk_reads: int = 0  # leases granted while only disk replicas existed
     promoting: Replica | None = None  # a memory replica being written back from disk
     promoting_owner: str = ""  # the client writing it: only it may end or revoke the promotion
+    copying: list[Replica] = field(default_factory=list)  # new replicas a copy writes (store.replication)
+    copying_owner: str = ""  # the client copying; empty: no copy in flight
+    copy_sources: list[tuple[str, int]] = field(default_factory=list)  # (segment, address) it reads
 
     @property
     def complete(self) -> bool:

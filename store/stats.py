@@ -19,6 +19,7 @@ class MasterStats:
     num_offload_requests: int = 0  # eviction victims handed to their owner to copy first
     num_offload_timeouts: int = 0  # of those, freed (and lost) because no copy came in time
     num_promoted: int = 0  # disk-only objects copied back to memory
+    num_copies: int = 0  # replica copies (and moves) published by copy_end
     num_removed: int = 0
     num_leases_granted: int = 0
     num_expired_clients: int = 0

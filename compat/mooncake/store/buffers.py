@@ -25,7 +25,10 @@ class BufferDescriptor:
     def __init__(self, replica: OurReplica) -> None:
         self.size = replica.size
         self.buffer_address = replica.address
-        self.transport_endpoint = replica.endpoint or replica.segment_name
+        # The original names the segment: its owner's "host:port", which get_hostname gives and
+        # copy/move tasks take as targets. Our engine is named by its store's client id, that name
+        # with "#n" added when two live stores of one process share it.
+        self.transport_endpoint = replica.segment_name.partition("#")[0]
 
 
 class MemoryDescriptor:

@@ -97,6 +97,10 @@ class BytesApi(StoreLifecycle):
     def get_size(self, key: str) -> int:
         return self._int("get_size", lambda client: client.get_replicas(key).size)
 
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        """The replicas of ``key``; [] when it is not found (the original's empty list)."""
+        return self.batch_get_replica_desc([key]).get(key, [])
+
     def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
         """The replicas of each key found; keys not found are left out."""
         try:

@@ -45,6 +45,7 @@ UPSERT_LEASE_RETRIES = 3
 MAX_LEASE_WAIT = 30.0  # seconds; a lease longer than this is the caller's to wait out
 DEFAULT_MASTER = "127.0.0.1:50051"
 DUMMY_LOOKUP_TIMEOUT = 5.0  # seconds for the real client (or master) to name its master
+INIT_ALL_HOSTNAME, INIT_ALL_BUFFER = "localhost:12345", 2**30  # the original's init_all fixes these
 
 
 class NotSetUp(SetupError):
@@ -107,6 +108,15 @@ class StoreLifecycle:
             return code
         except Exception as exc:
             return logged("setup_dummy", exc)
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int = DEFAULT_SIZE) -> int:
+        """The original's shortcut: setup as "localhost:12345" with a ``mount_segment_size``
+        segment and a 1 GiB local buffer, against the default master (127.0.0.1:50051);
+        INVALID_PARAMS when already set up. Its etcd metadata server is not asked for: our
+        segments resolve through the master."""
+        if self._client is not None:
+            return logged("init_all", SetupError("the store is already set up"))
+        return self.setup(INIT_ALL_HOSTNAME, P2P, mount_segment_size, INIT_ALL_BUFFER, protocol, device_name)
 
     def alloc_from_mem_pool(self, size: int) -> int:
         """The address of ``size`` bytes of the dummy client's pool, for register_buffer and the

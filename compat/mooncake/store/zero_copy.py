@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mooncake._codes import INVALID_PARAMS, code_of, logged
+from mooncake._codes import INVALID_PARAMS, code_of, log, logged
 from mooncake._raw_memory import address_of_bytes, array_at, check_host, copy
 from mooncake.store.bytes_api import BytesApi
 from mooncake.store.lifecycle import put_code
@@ -41,6 +41,19 @@ class ZeroCopyApi(BytesApi):
     # -- one range per key ----------------------------------------------------------------------
     def put_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
         return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
+
+    def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
+                               metadata_size: int, config: Any = None) -> int:
+        """One object: the ``metadata_size`` bytes at ``metadata_buffer_ptr``, then the ``size``
+        bytes at ``buffer_ptr``, both registered memory. 0 for an empty ``size`` (nothing is
+        stored), as the original. A failure is the negative code, as everywhere here (the
+        original negates it once more, to a positive number)."""
+        if size == 0:
+            log.warning("put_from_with_metadata(%s): empty data, nothing stored", key)
+            return 0
+        parts = [(ptr, n) for ptr, n in ((metadata_buffer_ptr, metadata_size), (buffer_ptr, size)) if n]
+        return self.batch_put_from_multi_buffers([key], [[ptr for ptr, _ in parts]], [[n for _, n in parts]],
+                                                 config)[0]
 
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
         """Like put_from, but replaces an existing object instead of keeping it."""
