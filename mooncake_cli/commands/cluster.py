@@ -38,7 +38,7 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
     the ones already started are stopped and the failing daemon's log tail is shown.
     """
     # Imported in each command, not at the top: every `mooncake` call imports this module to
-    # build its parser, and the supervisor brings every daemon's code.
+    # build its parser, and the supervisor brings the launcher, psutil and ZeroMQ.
     from daemons import supervisor
 
     try:

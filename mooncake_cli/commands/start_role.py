@@ -49,7 +49,7 @@ def _command(role: str) -> Callable:
         paths = preflight(config, role, name)
         if foreground:
             # Imported here, not at the top: every `mooncake` call imports this module to build
-            # its parser, and these bring every daemon's code.
+            # its parser, and the launcher brings psutil and ZeroMQ.
             from daemons.launcher import run_in_foreground
             from daemons.roles import DAEMON_CLASSES
 
