@@ -18,7 +18,7 @@ BEHIND_THE_COMMANDS = (
     "torch", "numpy", "etcd3gw", "requests", "zmq", "msgpack", "psutil",
     "daemons.supervisor", "daemons.launcher", "daemons.roles", "daemons.master", "daemons.store_client",
     "daemons.serving.client", "store.client", "store.master_client", "scheduler.conductor", "scheduler.sim.engine",
-    "transfer.engine", "transfer.rpc.client_server", "transfer.etcd.kv",
+    "transfer.engine", "transfer.rpc.client_server", "transfer.etcd.kv", "topology",
 )
 # What only a daemon's own process needs: `mooncake status` and `down` import the supervisor.
 DAEMON_CODE = ("torch", "numpy", "etcd3gw", "requests", "daemons.master", "daemons.store_client", "store.client")
