@@ -11,14 +11,13 @@ from typing import Any
 from collections.abc import Callable
 
 from daemons.base import Daemon
-from daemons.master import MasterDaemon
-from daemons.store_client import StoreClientDaemon
 from transfer.settings import Config
 
 
 def _imported_at_start(module: str, name: str) -> Callable[..., Daemon]:
-    """A daemon class imported only when the daemon starts: the serving daemons import torch,
-    which every `mooncake` command (they all import this table) would otherwise pay for."""
+    """A daemon class imported only when the daemon starts: the serving daemons import torch, the
+    master and store client the whole store, which every `mooncake` command (`status` imports this
+    table through the supervisor) would otherwise pay for."""
     def start(*args: Any) -> Daemon:
         return getattr(importlib.import_module(module), name)(*args)
     return start
@@ -33,8 +32,8 @@ def _prefill(name: str, paths: Any, config: Config, *args: Any) -> Daemon:
 
 
 DAEMON_CLASSES: dict[str, Callable[..., Daemon]] = {
-    MasterDaemon.role: MasterDaemon,
-    StoreClientDaemon.role: StoreClientDaemon,
+    "master": _imported_at_start("daemons.master", "MasterDaemon"),
+    "store-client": _imported_at_start("daemons.store_client", "StoreClientDaemon"),
     "conductor": _imported_at_start("daemons.serving.conductor_daemon", "ConductorDaemon"),
     "prefill": _prefill,
     "decode": _imported_at_start("daemons.workers.decode", "DecodeWorkerDaemon"),

@@ -7,13 +7,8 @@ import tempfile
 import typer
 from rich.table import Table
 
-from daemons import supervisor
-from daemons.cluster.directory import daemon_address, local_daemon_address
-from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
-from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
-from transfer.rpc.client_server import RpcClient
 
 app = typer.Typer(help="Measure speed against this machine's own limits.", no_args_is_help=True)
 
@@ -37,6 +32,13 @@ def rpc(
     unix:// the client, the daemon and the floor busy-poll for --rpc-busy-poll before they
     sleep, as store clients do; ZeroMQ needs its I/O threads to run, so nothing spins on TCP.
     """
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons import supervisor
+    from daemons.cluster.directory import daemon_address, local_daemon_address
+    from daemons.cluster.workdir import ClusterPaths
+    from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+    from transfer.rpc.client_server import RpcClient
+
     latency_count = max(100, requests // 4)
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir:
         # The master alone: idle workers would only add noise to a latency measurement.

@@ -14,8 +14,6 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from daemons.ha.etcd_server import EtcdServer
-from daemons.ha.failover_scenario import run_failover
 from mooncake_cli.output import JSON_HELP, emit, fail
 from transfer.settings import SIZE_UNITS_HELP, parse_duration, parse_size
 
@@ -27,6 +25,10 @@ def failover(
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Time a master failover on etcd: SIGKILL of the leader -> first successful put."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons.ha.etcd_server import EtcdServer
+    from daemons.ha.failover_scenario import run_failover
+
     try:
         object_size, ttl = parse_size(size), parse_duration(lease_ttl)
     except ValueError:

@@ -9,8 +9,6 @@ import tempfile
 import typer
 from rich.table import Table
 
-from daemons import supervisor
-from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, stderr
 
@@ -34,7 +32,11 @@ def prefill(
     last stage has the logits) and after the last layer ("end"). "store tail" is the time from
     the last layer to the last put acknowledged. Prompts longer than prefill_chunk are pipelined.
     """
-    from daemons.workers.cpp.group import PrefillGroup  # torch: only for this command
+    # Imported here, not at the top: every `mooncake` call imports this module to build its
+    # parser, and the prefill group brings torch.
+    from daemons import supervisor
+    from daemons.cluster.workdir import ClusterPaths
+    from daemons.workers.cpp.group import PrefillGroup
 
     sizes = [int(v) for v in lengths.split(",")]
     groups = [int(v) for v in stages.split(",")]

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import random
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
-from scheduler.conductor import Conductor
-from scheduler.config import SchedulerConfig
-from scheduler.types import ScheduleRequest
+
+if TYPE_CHECKING:
+    from scheduler.conductor import Conductor
 
 GOAL_P99_US = 200.0
 
@@ -45,6 +45,13 @@ def sched(
     config: Config,
 ) -> None:
     """Conductor decision time (Algorithm 1 plus admission) at cluster scale; goal p99 < 200 us."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    import numpy as np
+
+    from scheduler.conductor import Conductor
+    from scheduler.config import SchedulerConfig
+    from scheduler.types import ScheduleRequest
+
     cfg = SchedulerConfig.from_config(config)
     rng = random.Random(0)
     conductor = Conductor(cfg)

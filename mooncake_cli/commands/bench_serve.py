@@ -7,11 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from daemons.serving.bench import replay, scale
-from daemons.serving.client import find_conductor
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
-from scheduler.sim.trace import load_trace
 from transfer.errors import MooncakeError
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
@@ -37,6 +34,11 @@ def serve(
 
     Reports TTFT and TBT percentiles as the client sees them, the prefix hit rate and the TTFT
     ratio between the two runs."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons.serving.bench import replay, scale
+    from daemons.serving.client import find_conductor
+    from scheduler.sim.trace import load_trace
+
     try:
         conductor = find_conductor(config)
         url, block = conductor["http_address"], conductor["kv_block_tokens"]

@@ -7,12 +7,8 @@ import tempfile
 import typer
 from rich.table import Table
 
-from daemons import supervisor
-from daemons.cluster.store_access import connect
-from daemons.cluster.workdir import ClusterPaths
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
-from store.bench import run_size
 from transfer.errors import MooncakeError
 from transfer.settings import SIZE_UNITS_HELP, parse_size
 
@@ -38,6 +34,10 @@ def store(
     memory), or with --master, a store client of that cluster wherever it runs. `local`: the
     segment belongs to this benchmarking process. With --master (an address or etcd://...) the
     running cluster of that master is measured and no cluster is started."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons import supervisor
+    from daemons.cluster.workdir import ClusterPaths
+
     try:
         values = [parse_size(s) for s in sizes.split(",")]
         limit = parse_size(budget)
@@ -73,6 +73,9 @@ def store(
 
 
 def _run(config: Config, sizes: list[int], batch: int, duration: float, limit: int) -> list:
+    from daemons.cluster.store_access import connect  # here for start-up time, as in store()
+    from store.bench import run_size
+
     cells = []
     with connect(config, segment_size=2 * limit) as client:
         own = client.owner.segment.segment_id

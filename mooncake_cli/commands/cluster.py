@@ -7,8 +7,6 @@ import time
 import typer
 from rich.table import Table
 
-from daemons import supervisor
-from daemons.cluster.remote_status import remote_status
 from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
 from mooncake_cli.options import Config, settings_options
@@ -39,6 +37,10 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
     <workdir>/logs; bound addresses go to <workdir>/cluster.json. If a daemon fails to start,
     the ones already started are stopped and the failing daemon's log tail is shown.
     """
+    # Imported in each command, not at the top: every `mooncake` call imports this module to
+    # build its parser, and the supervisor brings the launcher, psutil and ZeroMQ.
+    from daemons import supervisor
+
     try:
         if show_progress():
             with stderr.status(f"starting the cluster in {config.workdir} ..."):
@@ -79,7 +81,11 @@ def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *,
     exit reason when known; no cluster at all, or no master answering within --rpc-timeout, also
     exits 1).
     """
+    from daemons import supervisor  # here for start-up time, as in up()
+
     if config.master:
+        from daemons.cluster.remote_status import remote_status
+
         try:
             data = remote_status(config.master, config.rpc_timeout)
         except MooncakeError as exc:
@@ -105,6 +111,8 @@ def down(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, c
 
     Stopping a workdir with no cluster is not an error (exit 0; a note goes to stderr).
     """
+    from daemons import supervisor  # here for start-up time, as in up()
+
     paths = ClusterPaths.of(config.workdir)
     try:
         outcome = supervisor.down(paths, config.stop_grace)

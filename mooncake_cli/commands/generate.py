@@ -11,7 +11,6 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from daemons.serving.client import find_conductor, stream_completion
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_USAGE, JSON_HELP, emit, fail, fail_on, stdout
 from transfer.errors import MooncakeError
@@ -51,6 +50,9 @@ def generate(
 
     Shows the text with its TTFT, mean TBT, the prefix tokens reused from the KVCache store, and
     which prefill and decode workers served it."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons.serving.client import find_conductor, stream_completion
+
     if demo == (prompt is not None):
         fail("give a PROMPT or --demo (not both)", EXIT_USAGE)
     try:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from daemons.cluster.store_access import master_of
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
-from store.master_client import MasterClient
 from transfer.errors import MooncakeError
 
 VIEWS = ("counters", "segments", "objects", "clients", "key")
@@ -67,6 +65,10 @@ def inspect(
 
     Segment usage and fragmentation, object states, leases, pins and replicas, clients and their
     liveness, and the eviction counters."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from daemons.cluster.store_access import master_of
+    from store.master_client import MasterClient
+
     if what not in VIEWS:
         raise typer.BadParameter(f"expected one of {', '.join(VIEWS)}, got {what!r}")
     if (what == "key") != (key is not None):

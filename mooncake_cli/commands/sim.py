@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Column, Table
@@ -13,12 +14,10 @@ from rich.table import Column, Table
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
 from scheduler.config import ADMISSIONS, POLICIES, SchedulerConfig, parse_threshold
-from scheduler.cpp import CppPrefillTimeModel, ttft_curve
-from scheduler.sim.cost_model import CostModel
-from scheduler.sim.engine import SimSetup, simulate
-from scheduler.sim.sweep import capacity_sweep
-from scheduler.sim.trace import load_trace
 from transfer.errors import MooncakeError
+
+if TYPE_CHECKING:
+    from scheduler.sim.engine import SimSetup
 
 
 def _choices(text: str | None, allowed: tuple[str, ...], default: str, what: str) -> list[str]:
@@ -72,6 +71,14 @@ def sim(
     (requests within both SLOs), rejections, token hit rate and prefill GPU seconds (and those
     wasted on requests rejected at decode after their prefill).
     """
+    # Imported here, not at the top: every `mooncake` call imports this module to build its
+    # parser, and the simulator brings numpy.
+    from scheduler.cpp import ttft_curve
+    from scheduler.sim.cost_model import CostModel
+    from scheduler.sim.engine import SimSetup, simulate
+    from scheduler.sim.sweep import capacity_sweep
+    from scheduler.sim.trace import load_trace
+
     try:
         base = SchedulerConfig.from_config(config)
     except MooncakeError as exc:
@@ -125,6 +132,8 @@ def sim(
 def _grouped(setup: SimSetup, group: int, chunk: int) -> SimSetup:
     """The same nodes as CPP groups of ``group``: fewer instances, each with the memory of its
     nodes and the group's prefill time model."""
+    from scheduler.cpp import CppPrefillTimeModel  # here for start-up time, as in sim()
+
     cost = setup.cost
     hop = chunk * cost.activation_bytes_per_token / cost.bandwidth + cost.link_latency
     model = CppPrefillTimeModel(cost.prefill, group, chunk, hop)

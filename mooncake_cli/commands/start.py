@@ -22,7 +22,6 @@ import typer
 from typer.core import TyperCommand
 
 from daemons.errors import MetadataServerUnavailable
-from daemons.master import run_master
 from mooncake_cli.commands.start_role import launch, preflight
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail
@@ -99,6 +98,10 @@ def master(
         http = (http_metadata_server_host or config.bind_host, http_metadata_server_port)
     paths = preflight(config, "master", NAME)
     if foreground:
+        # Imported here, not at the top: every `mooncake` call imports this module to build its
+        # parser, and the master brings the store's and the metadata servers' code.
+        from daemons.master import run_master
+
         try:
             raise typer.Exit(run_master(paths, config, NAME, control_port, http))
         except MetadataServerUnavailable as exc:

@@ -21,11 +21,8 @@ from collections.abc import Callable
 
 import typer
 
-from daemons.cluster.advertise import check_reachable
 from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import DaemonStartFailed
-from daemons.launcher import live_daemons, run_in_foreground, start_in_background
-from daemons.roles import DAEMON_CLASSES
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on, fail_to_start
 from transfer.errors import MooncakeError
@@ -51,6 +48,11 @@ def _command(role: str) -> Callable:
     ) -> None:
         paths = preflight(config, role, name)
         if foreground:
+            # Imported here, not at the top: every `mooncake` call imports this module to build
+            # its parser, and the launcher brings psutil and ZeroMQ.
+            from daemons.launcher import run_in_foreground
+            from daemons.roles import DAEMON_CLASSES
+
             raise typer.Exit(run_in_foreground(
                 paths, role, name, lambda cluster_id: DAEMON_CLASSES[role](name, paths, config, cluster_id, port)))
         emit(launch(paths, config, role, name, ["--name", name, "--port", str(port)]), json_output,
@@ -61,6 +63,9 @@ def _command(role: str) -> Callable:
 def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     """Refuse to start when peers on other hosts could not reach our advertised address, or
     when a daemon of that name already runs in this workdir; returns the workdir's paths."""
+    from daemons.cluster.advertise import check_reachable  # here for start-up time, as in _command
+    from daemons.launcher import live_daemons
+
     try:
         check_reachable(config, role)  # standbys and clients on other hosts find us at this address
     except MooncakeError as exc:
@@ -73,6 +78,8 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
 
 def launch(paths: ClusterPaths, config: Config, role: str, name: str, args: list[str]) -> dict:
     """`start ROLE --foreground ARGS` in the background; its announce record once it answers."""
+    from daemons.launcher import start_in_background  # here for start-up time, as in _command
+
     try:
         return start_in_background(paths, config, name,
                                    [sys.executable, "-m", "mooncake_cli", "start", role, "--foreground", *args])

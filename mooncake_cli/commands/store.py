@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from daemons.cluster.store_access import connect
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, emit, fail, fail_on, stderr
 from transfer.errors import MooncakeError
+
+if TYPE_CHECKING:
+    from store.client import StoreClient
+
+
+def _connect(config: Config) -> StoreClient:
+    """The store client a command uses for its lifetime, imported only when one runs: every
+    `mooncake` call imports this module to build its parser, and the client brings the store's code."""
+    from daemons.cluster.store_access import connect
+
+    return connect(config)
 
 
 def expand_soft_pin_value(argv: list[str]) -> list[str]:
@@ -60,7 +71,7 @@ def put(
     # --soft-pin-ttl (flag, env or file) when one was given; else the master applies its own.
     ttl = config.soft_pin_ttl if config.sources.get("soft_pin_ttl", "default") != "default" else None
     try:
-        with connect(config) as client:
+        with _connect(config) as client:
             client.put(key, data, replicas=replicas, soft_pin=soft_pin, soft_pin_ttl=ttl, hard_pin=hard_pin)
     except MooncakeError as exc:
         fail_on(exc)
@@ -78,7 +89,7 @@ def get(
     Exit 1 if there is no such object, its checksum does not match, or its read lease ran out
     before the copy finished."""
     try:
-        with connect(config) as client:
+        with _connect(config) as client:
             data = client.get(key)
     except MooncakeError as exc:
         fail_on(exc)
@@ -100,7 +111,7 @@ def rm(
 
     Exit 1 if there is none, or a reader holds a lease on it (unless --force)."""
     try:
-        with connect(config) as client:
+        with _connect(config) as client:
             client.remove(key, force)
     except MooncakeError as exc:
         fail_on(exc)
@@ -117,7 +128,7 @@ def exists(
 
     Grants no lease, so probing never keeps an object from being evicted."""
     try:
-        with connect(config) as client:
+        with _connect(config) as client:
             found = client.exists(key)
     except MooncakeError as exc:
         fail_on(exc)

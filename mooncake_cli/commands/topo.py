@@ -18,7 +18,6 @@ from rich.tree import Tree
 
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, stderr, stdout
-from topology import TopologyError, load_or_discover, placement_tree, summarize, write_matrix
 
 app = typer.Typer(help="Discover and explain this host's topology matrix (NUMA, PCIe, NICs, GPUs).",
                   no_args_is_help=True)
@@ -27,6 +26,9 @@ _RANK_STYLE = {"preferred": "green", "secondary": "yellow", "skipped": "dim"}
 
 
 def _load(topology_file: str | None, config: Config):
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from topology import TopologyError, load_or_discover
+
     try:
         matrix, report = load_or_discover(topology_file, config.sysfs_root, config.include_virtual)
     except TopologyError as exc:
@@ -45,6 +47,8 @@ def discover(
     *, config: Config,
 ) -> None:
     """Discover NUMA nodes, NICs and GPUs, write the topology matrix and summarize it."""
+    from topology import summarize, write_matrix  # here for start-up time, as in _load
+
     matrix, report = _load(None, config)
     target = Path(output) if output else Path(config.workdir) / "topology.json"
     try:
@@ -64,6 +68,8 @@ def show(
     *, config: Config,
 ) -> None:
     """Draw NUMA node -> PCIe switch -> NICs and GPUs, and why each NIC is preferred, secondary or skipped."""
+    from topology import placement_tree  # here for start-up time, as in _load
+
     matrix, report = _load(file or config.topology or None, config)
     data = {"source": report.source, "matrix": matrix, "tree": placement_tree(report),
             "warnings": list(report.warnings)}

@@ -12,10 +12,6 @@ import base64
 from typing import Any
 from collections.abc import Callable
 
-import etcd3gw
-from etcd3gw import exceptions as etcd_errors
-from etcd3gw.lease import Lease
-
 from transfer.errors import MooncakeError
 
 
@@ -37,10 +33,16 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
 
 class EtcdKV:
     def __init__(self, endpoints: str, timeout: float = 2.0) -> None:
+        # Imported here, not at the top: etcd3gw brings requests and futurist (a large share of a
+        # process's start-up), and every master and store client imports this module, etcd or not.
+        import etcd3gw
+
         self._clients = [etcd3gw.client(host=h, port=p, timeout=timeout) for h, p in parse_endpoints(endpoints)]
         self._current = 0
 
     def _call(self, action: Callable[[Any], Any]) -> Any:
+        from etcd3gw import exceptions as etcd_errors  # loaded by __init__ already
+
         last: Exception | None = None
         for step in range(len(self._clients)):
             index = (self._current + step) % len(self._clients)
@@ -81,10 +83,13 @@ class EtcdKV:
 
     def refresh(self, lease: Any) -> int:
         """Keep ``lease`` alive; its remaining TTL in seconds, or -1 once it has expired."""
+        from etcd3gw.lease import Lease  # loaded by __init__ already
         # Through whichever endpoint answers now, not the one that granted the lease.
         return int(self._call(lambda c: Lease(lease.id, c).refresh()))
 
     def revoke(self, lease: Any) -> None:
+        from etcd3gw.lease import Lease  # loaded by __init__ already
+
         self._call(lambda c: Lease(lease.id, c).revoke())
 
     def get_revision(self, key: str) -> tuple[str, int] | None:
