@@ -18,7 +18,10 @@ cleanup() {
     local rc=$? pid leaked=0 name owner
     for pid in "${STARTED[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
     for pid in "${STARTED[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+        for _ in $(seq 50); do  # gone, or a zombie (it exited; only its status is left)
+            case $(ps -o stat= -p "$pid" 2>/dev/null) in ""|Z*) break;; esac
+            sleep 0.2
+        done
         kill -KILL -- "-$pid" 2>/dev/null || true
     done
     # Segments are /dev/shm/mooncake-<cluster>-<pid>-...: one made during this job whose process
