@@ -24,9 +24,15 @@ def master(tmp_path_factory) -> str:
     mooncake("down", timeout=60)
 
 
+def make_store(master, hostname="127.0.0.1", segment="16MB", buffer="16MB") -> MooncakeDistributedStore:
+    """A store set up against ``master`` over tcp with P2PHANDSHAKE metadata; the caller closes it."""
+    store = MooncakeDistributedStore()
+    assert store.setup(hostname, "P2PHANDSHAKE", segment, buffer, "tcp", "", master) == 0
+    return store
+
+
 @pytest.fixture
 def store(master):
-    store = MooncakeDistributedStore()
-    assert store.setup("localhost", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master) == 0
+    store = make_store(master, hostname="localhost")
     yield store
     store.close()

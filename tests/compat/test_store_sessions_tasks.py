@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig, TaskStatus, TaskType
+from mooncake.store import ReplicateConfig, TaskStatus, TaskType
+from tests.compat.conftest import make_store
 
 INVALID, NOT_REGISTERED, NOT_FOUND, EXISTS, LEASE_EXPIRED, TASK_NOT_FOUND = -600, -3, -704, -705, -707, -1400
 PAGE, LAYERS = 1024, 4
@@ -30,8 +31,7 @@ def memory(store):
 @pytest.fixture
 def other(master):
     """A second store: its segment is a copy or move target."""
-    store = MooncakeDistributedStore()
-    assert store.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master) == 0
+    store = make_store(master)
     yield store
     store.close()
 
@@ -90,12 +90,10 @@ def test_a_revoked_session_leaves_nothing_behind(store, memory):
 
 
 def test_close_revokes_the_open_put_sessions(master):
-    store = MooncakeDistributedStore()
-    assert store.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master) == 0
+    store = make_store(master)
     assert store.batch_put_session_start(["sess-open"], [PAGE]) == [0]
     assert store.close() == 0
-    fresh = MooncakeDistributedStore()
-    assert fresh.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master) == 0
+    fresh = make_store(master)
     try:
         assert fresh.put("sess-open", b"free") == 0  # no reservation left in the way
     finally:

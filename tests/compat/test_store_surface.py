@@ -12,15 +12,10 @@ import pytest
 
 from mooncake.async_store import MooncakeDistributedStoreAsync
 from mooncake.mooncake_config import MooncakeConfig, _parse_segment_size
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store import ReplicateConfig
+from tests.compat.conftest import make_store
 
 INVALID, HAS_LEASE = -600, -706
-
-
-def make_store(master, hostname="127.0.0.1", segment="16MB", buffer="16MB"):
-    store = MooncakeDistributedStore()
-    assert store.setup(hostname, "P2PHANDSHAKE", segment, buffer, "tcp", "", master) == 0
-    return store
 
 
 def test_upsert_family_replaces_values(store):
@@ -180,10 +175,9 @@ def test_mooncake_config_reads_files_and_sizes(tmp_path, monkeypatch):
 def test_stores_sharing_a_hostname_share_its_segment_name(master):
     """Two live stores set up with one "host:port" (the official tests do): the original knows
     both segments by that name, so clearing by it reaches a replica on either."""
-    first, second = MooncakeDistributedStore(), MooncakeDistributedStore()
+    first = make_store(master, hostname="localhost:12399", segment="4MB", buffer="4MB")
+    second = make_store(master, hostname="localhost:12399", segment="4MB", buffer="4MB")
     try:
-        for store in (first, second):
-            assert store.setup("localhost:12399", "P2PHANDSHAKE", "4MB", "4MB", "tcp", "", master) == 0
         assert first.get_hostname() == second.get_hostname() == "localhost:12399"
         config = ReplicateConfig()
         config.preferred_segment = second._client.owner.segment.segment_id  # not first's own

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store import ReplicateConfig
+from tests.compat.conftest import make_store
 
 LAYERS, BLOCKS, BLOCK_BYTES = 4, 8, 2048
 
@@ -24,14 +25,8 @@ def block_ranges(caches: dict[str, torch.Tensor], block: int) -> tuple[list[int]
     return addresses, [BLOCK_BYTES] * len(addresses)
 
 
-def connect(master: str) -> MooncakeDistributedStore:
-    store = MooncakeDistributedStore()
-    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", master) == 0
-    return store
-
-
 def test_save_then_load_blocks_through_multi_buffer_calls(master):
-    writer, reader = connect(master), connect(master)
+    writer, reader = make_store(master, segment="32MB"), make_store(master, segment="32MB")
     saved, loaded = kv_caches(1), {name: torch.zeros_like(t) for name, t in kv_caches(1).items()}
     try:
         for store, caches in ((writer, saved), (reader, loaded)):  # register_kv_caches
