@@ -14,6 +14,8 @@ import socket
 from mooncake._codes import INVALID_PARAMS
 from transfer.settings import parse_size as project_parse_size
 
+# A second live store set up with a "host:port" already in use gets the client id "host:port#2".
+CLIENT_ID_SEPARATOR = "#"
 METADATA_SCHEMES = ("http://", "https://", "etcd://", "redis://", "tcp://")
 P2P = "P2PHANDSHAKE"
 
@@ -31,6 +33,11 @@ def parse_size(value: int | str, what: str) -> int:
         return project_parse_size(value)
     except ValueError:
         raise SetupError(f"{what}: {value!r} is not a size such as 4096, 16MB or 1 GiB") from None
+
+
+def hostname_of(client_id: str) -> str:
+    """The "host:port" a client id stands for."""
+    return client_id.partition(CLIENT_ID_SEPARATOR)[0]
 
 
 def engine_protocol(protocol: str) -> str:

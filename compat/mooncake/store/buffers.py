@@ -7,6 +7,7 @@ import mmap
 import threading
 
 from mooncake._raw_memory import address_of_bytes
+from mooncake._setup_args import hostname_of
 from store.objects import ReplicaDescriptor as OurReplica
 
 
@@ -28,7 +29,7 @@ class BufferDescriptor:
         # The original names the segment: its owner's "host:port", which get_hostname gives and
         # copy/move tasks take as targets. Our engine is named by its store's client id, that name
         # with "#n" added when two live stores of one process share it.
-        self.transport_endpoint = replica.segment_name.partition("#")[0]
+        self.transport_endpoint = hostname_of(replica.segment_name)
 
 
 class MemoryDescriptor:

@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mooncake._codes import INVALID_PARAMS, code_of, log, logged
-from mooncake._setup_args import (P2P, SetupError, bind_address, check_metadata_server, engine_protocol,
-                                  master_address, parse_size, reserve_port, split_hostname)
+from mooncake._setup_args import (CLIENT_ID_SEPARATOR, P2P, SetupError, bind_address, check_metadata_server,
+                                  engine_protocol, hostname_of, master_address, parse_size, reserve_port,
+                                  split_hostname)
 from mooncake.store.buffers import MemoryPool
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
@@ -246,7 +247,7 @@ class StoreLifecycle:
             return [client.owner.segment.segment_id]
         rows = client.master.inspect("segments")
         return [row["segment_id"] for name in names for row in rows
-                if name in (row["name"], row["segment_id"], row["client_id"].partition("#")[0])]
+                if name in (row["name"], row["segment_id"], hostname_of(row["client_id"]))]
 
 
 def _lease_left(client: StoreClient, key: str) -> float:
@@ -271,14 +272,14 @@ class _LiveNames:
             client_id, n = name, 1
             while client_id in self._ids:
                 n += 1
-                client_id = f"{name}#{n}"
+                client_id = f"{name}{CLIENT_ID_SEPARATOR}{n}"
             self._ids.add(client_id)
             return client_id
 
     def is_shared(self, name: str) -> bool:
         """Whether more than one live store goes by ``name``."""
         with self._lock:
-            return sum(1 for i in self._ids if i.partition("#")[0] == name) > 1
+            return sum(1 for i in self._ids if hostname_of(i) == name) > 1
 
     def release(self, client_id: str) -> None:
         with self._lock:
