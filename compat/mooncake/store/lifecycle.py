@@ -214,7 +214,7 @@ class StoreLifecycle:
             leased = [i for i, code in enumerate(codes) if code == HAS_LEASE]
             if not leased:
                 break
-            time.sleep(min(MAX_LEASE_WAIT, max(_lease_left(client, keys[i]) for i in leased)) + 0.01)
+            wait_out_leases(client, [keys[i] for i in leased])
             for i, code in zip(leased, put(leased)):
                 codes[i] = code
         return codes
@@ -255,6 +255,11 @@ def _lease_left(client: StoreClient, key: str) -> float:
         return float(client.master.inspect("key", key)["lease_left"])
     except Exception:
         return 0.0
+
+
+def wait_out_leases(client: StoreClient, keys: list[str]) -> None:
+    """Sleep until the longest read lease on ``keys`` has run out (at most MAX_LEASE_WAIT)."""
+    time.sleep(min(MAX_LEASE_WAIT, max(_lease_left(client, key) for key in keys)) + 0.01)
 
 
 class _LiveNames:

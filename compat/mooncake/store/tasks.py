@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mooncake._codes import code_of, log
-from mooncake.store.lifecycle import StoreLifecycle, _lease_left
+from mooncake.store.lifecycle import StoreLifecycle, wait_out_leases
 from store.errors import NoAvailableHandle, ObjectHasLease, ObjectNotFound
 
 TASK_NOT_FOUND = -1400
@@ -146,7 +146,10 @@ class TaskApi(StoreLifecycle):
                 if attempt == MAX_RETRIES:
                     task._moved_to(TaskStatus.FAILED, f"{exc.name}: {exc.message}")
                     return
-                time.sleep(RETRY_DELAY if isinstance(exc, NoAvailableHandle) else _lease_left(client, key) + 0.01)
+                if isinstance(exc, NoAvailableHandle):
+                    time.sleep(RETRY_DELAY)
+                else:
+                    wait_out_leases(client, [key])
             except Exception as exc:
                 task._moved_to(TaskStatus.FAILED, f"{code_of(exc)}: {exc}")
                 return
