@@ -12,6 +12,11 @@ simulator that owns the index it passes in, ``index.block_stored`` and ``block_e
 request that ends early, however it ended, is closed with ``conductor.abandon(request_id, now)``.
 A decision that pulls a prefix lists ``transfer_keys``: the prefill instance
 pulls those blocks and keeps them, and its store report makes it a holder of the hot prefix.
+
+Costs: the predictors start from the configured figures; workers measure this machine's at start
+and the daemon installs them (``install_calibration``), then live samples refit the prefill and
+TBT models (``observe_prefill`` / ``observe_decode``) and, with the auto threshold, the transfer
+model (``prefill_finished``). ``cost_figures`` tells what the conductor plans with now.
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Conductor:
         self._since_refit = 0
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=DECODE_SAMPLES)
         self._since_decode_refit = 0
+        # A live refit has happened since the start: a later worker's start-up profile must not
+        # replace what the cluster's own samples taught.
+        self._prefill_refitted = self._tbt_refitted = False
+        self._calibrated_bandwidth: float | None = None  # slowest pull a worker measured
         self.prefill: dict[str, PrefillQueue] = {}
         self.decode: dict[str, DecodeBatch] = {}
         self.inflight: dict[str, _InFlight] = {}
@@ -231,12 +240,11 @@ class Conductor:
             return False
         self._since_refit = 0
         try:
-            self.prefill_model = PrefillTimeModel.fit(self.prefill_samples)
+            fitted = PrefillTimeModel.fit(self.prefill_samples)
         except ValueError:
             return False  # too uniform a sample to identify the curve: keep the old model
-        for queue in self.prefill.values():
-            if isinstance(queue.model, CppPrefillTimeModel):
-                queue.model.single = self.prefill_model
+        self._use_prefill_model(fitted)
+        self._prefill_refitted = True
         return True
 
     def observe_decode(self, batch: int, context_tokens: int, seconds: float) -> bool:
@@ -258,7 +266,52 @@ class Conductor:
             self.tbt_model = DecodeTbtModel.fit(self.decode_samples)
         except ValueError:
             return False  # one batch size and context so far: keep the old model
+        self._tbt_refitted = True
         return True
+
+    # -- this machine's costs -----------------------------------------------------------------
+
+    def install_calibration(self, *, bytes_per_token: int | None = None, bandwidth: float | None = None,
+                            prefill_coef: tuple[float, float, float] | None = None,
+                            tbt_coef: tuple[float, float, float] | None = None) -> None:
+        """Plan with what a worker measured at start (each figure None: not measured).
+
+        - ``bytes_per_token``, from the served model's KV layout, is exact: always installed.
+        - ``bandwidth`` of a prefix pull: the slowest any worker measured, because a pull may come
+          from any holder and the slow path is the one that makes a transfer not worth it.
+        - The prefill and TBT coefficients replace the configured ones, but never a model the
+          live samples refitted: those describe this cluster at work, a profile only its start.
+
+        Installing a transfer figure restarts the transfer model's learned line from it: what
+        it learned was measured against the old figures' prior.
+        """
+        if bandwidth is not None and bandwidth > 0:
+            slowest = self._calibrated_bandwidth
+            self._calibrated_bandwidth = bandwidth if slowest is None else min(slowest, bandwidth)
+        if bytes_per_token is not None or bandwidth is not None:
+            current = self.transfer_model
+            self.transfer_model = TransferTimeModel(
+                bytes_per_token or current.bytes_per_token, self._calibrated_bandwidth or current.bandwidth,
+                current.latency, learn=current.learn, decay=current.decay)
+        if prefill_coef is not None and not self._prefill_refitted:
+            self._use_prefill_model(PrefillTimeModel(prefill_coef))
+        if tbt_coef is not None and not self._tbt_refitted:
+            self.tbt_model = DecodeTbtModel(tbt_coef)
+
+    def cost_figures(self) -> dict:
+        """What the policy plans with now: KV bytes per token, pull bandwidth (bytes/s), the
+        prefill and TBT coefficients, and the transfer model's learned line."""
+        transfer = self.transfer_model
+        return {"kv_bytes_per_token": transfer.bytes_per_token, "transfer_bandwidth": transfer.bandwidth,
+                "transfer_seconds_per_token": transfer.seconds_per_token, "transfer_fixed": transfer.fixed,
+                "prefill_coef": list(self.prefill_model.coef), "tbt_coef": list(self.tbt_model.coef)}
+
+    def _use_prefill_model(self, model: PrefillTimeModel) -> None:
+        """The shared single-worker model; CPP groups' models are built on it and follow."""
+        self.prefill_model = model
+        for queue in self.prefill.values():
+            if isinstance(queue.model, CppPrefillTimeModel):
+                queue.model.single = model
 
     def arrival_rate(self, now: float) -> float:
         """Requests per second per prefill instance admitted lately (the last

@@ -356,6 +356,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("serving", "prefill_group_size", "int", 1,
        "Stage processes per prefill worker: above 1 each prefill worker is a CPP group that "
        "pipelines prompts longer than prefill_chunk over its stages' layers.", minimum=1),
+    _s("serving", "calibration_time", "duration", 1.0,
+       "How long a worker profiles its prefill or decode steps at start, so the conductor plans "
+       "with this machine's costs from the first request (0: skip; it keeps the kv_* defaults "
+       "until live samples refit them)."),
     # ha: running across hosts, and master election on etcd
     _s("ha", "ha_backend", "choice", "none",
        "Master election: none (one master) or etcd (a leader and standbys).", choices=("none", "etcd")),

@@ -123,3 +123,29 @@ class DecodeStep:
     def from_wire(cls, message: dict[str, Any]) -> DecodeStep:
         return cls(message["step_s"], message["batch"], message["context"],
                    [DecodedToken(*event) for event in message["events"]])
+
+
+@dataclass(frozen=True)
+class WorkerCalibration:
+    """What a worker measured at start (:mod:`daemons.workers.calibration`), in its heartbeat as
+    ``calibration``: the figures the conductor plans this worker's requests with until live
+    samples refit them. A figure the worker could not measure is None (left out of the map)."""
+
+    kv_bytes_per_token: int  # from the served model's KV layout
+    transfer_bandwidth: float | None = None  # bytes/s of a prefix pull (prefill workers)
+    prefill_coef: tuple[float, float, float] | None = None  # PrefillTimeModel (prefill workers)
+    tbt_coef: tuple[float, float, float] | None = None  # DecodeTbtModel (decode workers)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> WorkerCalibration:
+        coef = {name: tuple(float(c) for c in message[name]) for name in ("prefill_coef", "tbt_coef")
+                if message.get(name) is not None}
+        for name, value in coef.items():
+            if len(value) != 3:
+                raise ValueError(f"{name} needs 3 coefficients, got {len(value)}")
+        bandwidth = message.get("transfer_bandwidth")
+        return cls(int(message["kv_bytes_per_token"]),
+                   None if bandwidth is None else float(bandwidth), **coef)

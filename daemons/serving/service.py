@@ -14,6 +14,10 @@ request happen on its own thread. Liveness is heartbeats: a worker silent for ``
 (or one that fails a call) is removed from the policy, and every request it was serving gets an
 error event at once instead of waiting out its deadline.
 
+A worker's heartbeat carries the costs it measured at start (``calibration``); the conductor plans
+with them from the worker's first beat (:meth:`Conductor.install_calibration`) and `/metrics`
+shows the figures it plans with now (``mooncake_cost_*``).
+
 Decode pages reserved for a request are freed once nothing can write into them any more: when
 the request ends after its prefill reported, or when the prefill worker is gone; a request that
 ends while its prefill may still be writing leaves an orphan whose late report frees them.
@@ -34,7 +38,7 @@ from collections.abc import Iterator
 from daemons.model import KVCacheFull
 from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
-from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
+from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport, WorkerCalibration
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
@@ -42,7 +46,7 @@ from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.errors import NoInstances
 from scheduler.types import REJECT_DECODE, ScheduleRequest
-from transfer.errors import MooncakeError
+from transfer.errors import InvalidArgument, MooncakeError
 from transfer.rpc.client_server import Request, RpcClient
 from transfer.settings import Config
 
@@ -64,6 +68,10 @@ class ServingService:
 
     def heartbeat(self, request: Request) -> dict:
         args, now = request.args, time.monotonic()
+        try:
+            calibration = WorkerCalibration.from_wire(args["calibration"]) if "calibration" in args else None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"bad calibration in the heartbeat of {args.get('name')!r}: {exc}") from None
         with self.lock:
             worker = self.workers.get(args["name"])
             if worker is None or worker.address != args["address"]:
@@ -76,6 +84,10 @@ class ServingService:
                     self.conductor.add_prefill(worker.name, prefill_model(self.conductor, args))
                 else:
                     self.conductor.add_decode(worker.name, args["kv_capacity_tokens"])
+                if calibration is not None:
+                    self.conductor.install_calibration(
+                        bytes_per_token=calibration.kv_bytes_per_token, bandwidth=calibration.transfer_bandwidth,
+                        prefill_coef=calibration.prefill_coef, tbt_coef=calibration.tbt_coef)
                 log.info("%s worker %s joined at %s", worker.role, worker.name, worker.address)
             worker.last_seen, worker.load = now, args
         return {"ok": True}
@@ -288,6 +300,7 @@ class ServingService:
                 values[series("mooncake_prefill_queue_length", instance=name)] = length
             for name, size in self.conductor.decode_batch_sizes().items():
                 values[series("mooncake_decode_batch_size", instance=name)] = size
+            values.update(cost_gauges(self.conductor.cost_figures()))
         for role, count in self.worker_counts().items():
             values[series("mooncake_workers", role=role)] = count
         return values
@@ -301,3 +314,18 @@ class ServingService:
         """KV tokens the smallest decode worker holds: no request may need more."""
         with self.lock:
             return self.conductor.smallest_kv_capacity()
+
+
+PREFILL_TERMS = ("fixed", "per_token", "per_token_pair")
+TBT_TERMS = ("fixed", "per_sequence", "per_context_token")
+
+
+def cost_gauges(figures: dict) -> dict[Series, float]:
+    """The conductor's cost figures (:meth:`Conductor.cost_figures`) as `/metrics` gauges."""
+    values = {series("mooncake_cost_kv_bytes_per_token"): figures["kv_bytes_per_token"],
+              series("mooncake_cost_transfer_bandwidth_bytes"): figures["transfer_bandwidth"]}
+    for term, coef in zip(PREFILL_TERMS, figures["prefill_coef"]):
+        values[series("mooncake_cost_prefill_seconds", term=term)] = coef
+    for term, coef in zip(TBT_TERMS, figures["tbt_coef"]):
+        values[series("mooncake_cost_tbt_seconds", term=term)] = coef
+    return values

@@ -5,9 +5,10 @@ started with ``--master`` on a host of its own, through the master's service tab
 (:mod:`daemons.cluster.service_registry`), which it reads again every ``REFRESH_INTERVAL`` so that it
 follows a conductor restarted elsewhere. It heartbeats to it every ``HEARTBEAT_INTERVAL``; the
 first heartbeat happens in :meth:`setup`, so a worker that `up` reports healthy is already
-registered. The heartbeat carries what the conductor schedules with (KV capacity, load) and
-doubles as liveness: a worker silent for ``worker_timeout`` is dropped and its in-flight
-requests fail.
+registered. The heartbeat carries what the conductor schedules with (KV capacity, load, and the
+costs this worker measured in its start-up profile, ``calibration``, see
+:mod:`daemons.workers.calibration`) and doubles as liveness: a worker silent for
+``worker_timeout`` is dropped and its in-flight requests fail.
 
 Every worker runs torch on one thread: the tiny model's matmuls are too small to share, and
 stored KV is reusable bit for bit only when every worker computes it with the same thread count.
@@ -26,6 +27,8 @@ from daemons.cluster.advertise import advertised
 from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
 from daemons.cluster.workdir import read_json
 from daemons.model import build_model, kv_layout
+from daemons.workers.calibration import calibrate
+from store.client import StoreClient
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 
@@ -47,6 +50,9 @@ class WorkerDaemon(Daemon):
         self.conductor_address = self._conductor_address()
         self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
         self.setup_worker()
+        # Before the first heartbeat, so the conductor plans with this machine's costs from the start.
+        self.calibration = calibrate(self.role, self.model, self.layout, self.config.calibration_time,
+                                     self.pull_store())
         self.next_heartbeat = 0.0
         self.next_lookup = time.monotonic() + REFRESH_INTERVAL
         self._heartbeat(strict=True)
@@ -57,6 +63,11 @@ class WorkerDaemon(Daemon):
     def load(self) -> dict[str, Any]:
         """What the conductor learns with each heartbeat, besides name, role and address."""
         return {}
+
+    def pull_store(self) -> StoreClient | None:
+        """The store client prefixes are pulled through, whose bandwidth the start-up profile
+        measures; None: this worker pulls nothing itself."""
+        return None
 
     def tick(self, now: float) -> None:
         if self.config.master and now >= self.next_lookup:
@@ -100,7 +111,8 @@ class WorkerDaemon(Daemon):
     def _heartbeat(self, strict: bool) -> None:
         self.next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL
         beat = {"name": self.name, "role": self.role, "address": self.address,
-                "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size, **self.load()}
+                "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size,
+                "calibration": self.calibration.to_wire(), **self.load()}
         try:
             self.conductor_client.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))
         except MooncakeError as exc:

@@ -37,6 +37,9 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
         self.prefix = PrefixStore(self.store, self.layout, self.kv_address)
         self.start_jobs()
 
+    def pull_store(self) -> StoreClient:
+        return self.store
+
     def teardown(self) -> None:
         if hasattr(self, "compute"):
             self.stop_jobs()

@@ -51,6 +51,17 @@ def test_cold_prompt_matches_the_one_process_reference(cluster, reference):
     assert answer["usage"] == {"prompt_tokens": 150, "completion_tokens": 12, "total_tokens": 162}
 
 
+def test_the_conductor_plans_with_the_costs_the_workers_measured(cluster):
+    _, url, _ = cluster
+    # KV per token from the served model's layout: 4 layers x (K, V) x 2 KV heads x 32 dims x 4 bytes.
+    assert metric(url, "mooncake_cost_kv_bytes_per_token") == 2048
+    # A measured pull and profiled prefill/decode costs, not the 70B-on-A800 defaults (one request
+    # so far: far from the 64 samples a refit needs).
+    assert metric(url, "mooncake_cost_transfer_bandwidth_bytes") not in (0, 12.5e9)
+    assert metric(url, "mooncake_cost_prefill_seconds", term="per_token") not in (0, 1.12e-4)
+    assert metric(url, "mooncake_cost_tbt_seconds", term="per_sequence") not in (0, 0.0015)
+
+
 def test_shared_prefix_is_loaded_from_the_store_and_gives_the_same_tokens(cluster, reference):
     _, url, _ = cluster
     shared = prompt(4 * BLOCK + 10, seed=2)
