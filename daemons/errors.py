@@ -45,3 +45,8 @@ class ProgramMissing(MooncakeError):
 class MetadataServerUnavailable(MooncakeError):
     """The HTTP metadata server a master was asked to run beside it could not bind its address."""
     code, name = -1007, "METADATA_SERVER_UNAVAILABLE"
+
+
+class BenchHostsFailed(MooncakeError):
+    """`bench serve --hosts` could not build its namespaces or run its cluster in them."""
+    code, name = -1008, "BENCH_HOSTS_FAILED"

@@ -51,8 +51,10 @@ class WorkerDaemon(Daemon):
         self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
         self.setup_worker()
         # Before the first heartbeat, so the conductor plans with this machine's costs from the start.
+        began = time.monotonic()
         self.calibration = calibrate(self.role, self.model, self.layout, self.config.calibration_time,
                                      self.pull_store())
+        log.info("start-up profile in %.2fs: %s", time.monotonic() - began, self.calibration)
         self.next_heartbeat = 0.0
         self.next_lookup = time.monotonic() + REFRESH_INTERVAL
         self._heartbeat(strict=True)

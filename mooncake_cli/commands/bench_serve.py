@@ -1,4 +1,5 @@
-"""`mooncake bench serve`: TTFT/TBT percentiles and hit rate of a trace slice, with and without reuse."""
+"""`mooncake bench serve`: TTFT/TBT percentiles and hit rate of a trace slice, with and without reuse;
+with ``--hosts N``, the live Figure 5: each scheduling policy on a cluster over N network namespaces."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import typer
 from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
+from mooncake_cli.output import JSON_HELP, emit, fail, fail_on, stderr
+from scheduler.config import POLICIES
 from transfer.errors import MooncakeError
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
@@ -23,6 +25,14 @@ def serve(
                                    "KV block of the cluster's kv_block_tokens tokens)."),
     max_tokens: int = typer.Option(16, min=1, help="Output tokens per request at most."),
     speedup: float = typer.Option(5.0, min=0.01, help="Compress the trace's arrival times by this factor."),
+    hosts: int = typer.Option(0, "--hosts", min=0, help="Instead of the running cluster: start one over N "
+                              "prefill hosts (network namespaces; needs root) plus a head host, once per --policy."),
+    link_gbps: float | None = typer.Option(None, "--link-gbps", min=0.001, help="With --hosts: shape every "
+                                           "host's link to this many Gbit/s each way (tc tbf)."),
+    policy: str = typer.Option(",".join(POLICIES), "--policy", help="With --hosts: comma list of "
+                               "random, load, cache, kvcentric; one cold cluster each."),
+    block_tokens: int = typer.Option(32, "--block-tokens", min=1, help="With --hosts: the cluster's "
+                                     "kv_block_tokens (each trace block becomes one such block)."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,
@@ -33,7 +43,17 @@ def serve(
     that master; either way its conductor says the KV block size the trace is scaled to.
 
     Reports TTFT and TBT percentiles as the client sees them, the prefix hit rate and the TTFT
-    ratio between the two runs."""
+    ratio between the two runs.
+
+    With --hosts N it builds its own cluster instead (the live Figure 5): a head namespace (master,
+    conductor, decode) and N hosts (store client + prefill worker each) on a bridge, replays the
+    slice with prefix reuse once per policy on a cold cluster, and reports per policy TTFT/TBT
+    (seconds), hit rate, the conductor's decisions, replicas and rejections, beside the
+    simulator's prediction for the same slice priced with the costs the live conductor used."""
+    if hosts:
+        _serve_on_hosts(trace, requests, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
+                        json_output, config)
+        return
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons.serving.bench import replay, scale
     from daemons.serving.client import find_conductor
@@ -76,6 +96,61 @@ def serve(
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _serve_on_hosts(trace: Path, requests: int, max_blocks: int, max_tokens: int, speedup: float, hosts: int,
+                    link_gbps: float | None, policy: str, block_tokens: int, json_output: bool,
+                    config: Config) -> None:
+    from daemons.serving.bench import scale
+    from daemons.serving.bench_hosts import missing_prerequisites, run_figure5
+    from scheduler.sim.trace import load_trace
+
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if not policies or any(p not in POLICIES for p in policies):
+        raise typer.BadParameter(f"--policy must be a comma list of {', '.join(POLICIES)}; got {policy!r}")
+    why = missing_prerequisites()
+    if why:
+        fail(why)
+    try:
+        slice_ = load_trace(trace, speedup=speedup, limit=requests)
+        scaled = scale(slice_, block_tokens, max_blocks, max_tokens, salt="hosts")
+        if not json_output:
+            stderr.print(f"replaying {len(slice_)} requests on {hosts} prefill hosts + 1 head, "
+                         f"policies {', '.join(policies)} ...")
+        result = run_figure5(hosts, policies, slice_, scaled, max_blocks=max_blocks, block_tokens=block_tokens,
+                             link_gbps=link_gbps, request_timeout=config.request_timeout,
+                             start_timeout=max(config.start_timeout, 120.0))
+    except MooncakeError as exc:
+        fail_on(exc)
+    data = {"trace": str(trace), "hosts": hosts, "link_gbps": link_gbps, "requests": len(slice_),
+            "block_tokens": block_tokens, "max_blocks": max_blocks, "max_tokens": max_tokens, "speedup": speedup,
+            **result}
+
+    def render(d: dict) -> Table:
+        table = Table("policy", "done", "429", "failed", "TTFT mean", "p50", "p90", "p99", "TBT mean",
+                      "hit", "local/xfer/recomp/miss", "replicas", "sim TTFT mean", "sim p99", "sim hit",
+                      title=f"mooncake bench serve --hosts {d['hosts']}: {d['requests']} requests, link "
+                            f"{d['link_gbps'] or 'unshaped'} Gbps, x{d['speedup']:g} (TTFT/TBT in ms)")
+        for name, row in d["policies"].items():
+            t, sim = row["ttft"], row.get("sim") or {}
+            counts = "/".join(str(row["decisions"][k]) for k in ("local_hit", "transfer", "recompute", "miss"))
+            table.add_row(name, str(row["completed"]), str(row["rejected"]), str(row["failed"]),
+                          *(_ms_of(t[q]) for q in ("mean", "p50", "p90", "p99")), _ms_of(row["tbt"]["mean"]),
+                          f"{row['hit_rate']:.0%}", counts, "-" if row["replicas"] is None else str(row["replicas"]),
+                          _ms_of((sim.get("ttft") or {}).get("mean")), _ms_of((sim.get("ttft") or {}).get("p99")),
+                          f"{sim['hit_rate']:.0%}" if sim else "-")
+        costs = d.get("costs")
+        if costs:
+            table.caption = (f"costs planned with: {costs['kv_bytes_per_token']} B/token KV, pull "
+                             f"{costs['transfer_bandwidth'] / 1e9:.2f} GB/s, prefill {costs['prefill_coef']}, "
+                             f"TBT {costs['tbt_coef']}")
+        return table
+
+    emit(data, json_output, render)
+
+
+def _ms_of(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
 __all__ = ["serve"]

@@ -1,0 +1,109 @@
+"""What `mooncake bench serve --hosts N` reports per policy (the live Figure 5), and the simulator's
+prediction for the same slice and cluster. Pure: it reads completions, `/metrics` text and cost
+figures, and runs the simulator in process.
+
+Per policy: ``ttft`` and ``tbt`` (mean, p50, p90, p99, seconds, as the client saw them), the token
+``hit_rate``, the conductor's ``decisions`` (local_hit / transfer / recompute / miss, from each
+completion's ``mooncake.reason``), ``replicas`` (``mooncake_replicated_blocks_total``; None while
+the conductor does not count them), ``rejected`` and ``failed``. Every replayed request is counted
+exactly once: in a decision, in ``rejected`` or in ``failed``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from scheduler.config import SchedulerConfig
+from scheduler.predictors import DecodeTbtModel, PrefillTimeModel
+from scheduler.sim.cost_model import CostModel
+from scheduler.sim.engine import SimSetup, simulate
+from scheduler.sim.trace import TraceRequest
+from scheduler.types import LOCAL_HIT, MISS, RECOMPUTE, TRANSFER
+
+DECISIONS = (LOCAL_HIT, TRANSFER, RECOMPUTE, MISS)
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
+
+
+def distribution(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
+    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value of every sample in a Prometheus exposition text."""
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def cost_figures(metrics: dict[str, float]) -> dict[str, Any] | None:
+    """The conductor's cost figures from its ``mooncake_cost_*`` gauges; None if it shows none."""
+    if "mooncake_cost_kv_bytes_per_token" not in metrics:
+        return None
+    def terms(name: str, labels: tuple[str, ...]) -> list[float]:
+        return [metrics[f'{name}{{term="{term}"}}'] for term in labels]
+
+    return {"kv_bytes_per_token": int(metrics["mooncake_cost_kv_bytes_per_token"]),
+            "transfer_bandwidth": metrics["mooncake_cost_transfer_bandwidth_bytes"],
+            "prefill_coef": terms("mooncake_cost_prefill_seconds", ("fixed", "per_token", "per_token_pair")),
+            "tbt_coef": terms("mooncake_cost_tbt_seconds", ("fixed", "per_sequence", "per_context_token"))}
+
+
+def policy_summary(outcomes: list[dict], metrics: dict[str, float], seconds: float) -> dict[str, Any]:
+    """One policy's row from the driver's per-request ``outcomes`` (each ``{"ok", "ttft", "gaps",
+    "prompt_tokens", "mooncake"}`` or ``{"ok": False, "rejected": bool}``) and its `/metrics`."""
+    done = [o for o in outcomes if o["ok"]]
+    reasons = Counter(o["mooncake"].get("reason") for o in done)
+    prompt = sum(o["prompt_tokens"] for o in done)
+    replicas = metrics.get("mooncake_replicated_blocks_total")
+    return {
+        "requests": len(outcomes), "completed": len(done),
+        "rejected": sum(not o["ok"] and o["rejected"] for o in outcomes),
+        "failed": sum(not o["ok"] and not o["rejected"] for o in outcomes),
+        "ttft": distribution([o["ttft"] for o in done if o["ttft"] is not None]),
+        "tbt": distribution([g for o in done for g in o["gaps"]]),
+        "hit_rate": sum(o["mooncake"].get("prefix_tokens", 0) for o in done) / prompt if prompt else 0.0,
+        "decisions": {reason: reasons[reason] for reason in DECISIONS},
+        "other_decisions": sum(n for reason, n in reasons.items() if reason not in DECISIONS),
+        "replicas": None if replicas is None else int(replicas),
+        "seconds": seconds,
+    }
+
+
+def sim_requests(slice_: list[TraceRequest], prompts: list[list[int]], max_blocks: int,
+                 max_tokens: list[int]) -> list[TraceRequest]:
+    """The replayed requests as the simulator sees them: each prompt's real length and output,
+    and the trace blocks it kept (one per KV block of the cluster)."""
+    return [TraceRequest(request.arrival, len(tokens), out, request.hash_ids[:max_blocks])
+            for request, tokens, out in zip(slice_, prompts, max_tokens)]
+
+
+def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_prefill: int,
+                    costs: dict[str, Any], cache_tokens: int, decode_kv_tokens: int) -> dict[str, Any]:
+    """The simulator's prediction of one policy on ``num_prefill`` prefill instances and one
+    decode instance priced with the live conductor's ``costs``."""
+    cost = CostModel(bytes_per_token=costs["kv_bytes_per_token"], bandwidth=costs["transfer_bandwidth"],
+                     prefill=PrefillTimeModel(tuple(costs["prefill_coef"])),
+                     decode=DecodeTbtModel(tuple(costs["tbt_coef"])), decode_kv_capacity=decode_kv_tokens)
+    result = simulate(requests, cfg, SimSetup(num_prefill, 1, cache_tokens, 0, cost))
+    decisions = {reason: result.reasons[reason] for reason in DECISIONS}
+    return {"ttft": distribution(result.ttft), "tbt": distribution(result.tbt), "hit_rate": result.hit_rate,
+            "decisions": decisions, "rejected": result.rejected,
+            "transferred_tokens": result.transferred_tokens}
+
+
+def ttft_ratio(rows: dict[str, dict], better: str, worse: str) -> float | None:
+    """Mean TTFT of ``worse`` over that of ``better`` (None when either is missing)."""
+    a = rows.get(better, {}).get("ttft", {}).get("mean")
+    b = rows.get(worse, {}).get("ttft", {}).get("mean")
+    return b / a if a and b and not math.isnan(a) else None

@@ -1,0 +1,74 @@
+"""`mooncake bench serve --hosts N`: a cluster over network namespaces, once per policy, cleaned up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import psutil
+import pytest
+
+from daemons.serving.figure5 import DECISIONS, cost_figures, parse_metrics, policy_summary
+
+DISTRIBUTION = {"mean", "p50", "p90", "p99"}
+
+
+def _namespaces() -> set[str]:
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                    reason="needs root, ip and tc: creates network namespaces")
+def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
+    before = _namespaces()
+    result = mooncake("bench", "serve", "--hosts", "2", "--requests", "8", "--policy", "kvcentric",
+                      "--link-gbps", "1", "--json", timeout=280)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    data = json.loads(result.stdout)
+    assert data["hosts"] == 2 and data["requests"] == 8 and data["namespaces_left"] == []
+    row = data["policies"]["kvcentric"]
+    assert set(row["ttft"]) == set(row["tbt"]) == DISTRIBUTION
+    assert set(row["decisions"]) == set(DECISIONS)
+    # Every request is counted once: a decision, a rejection or a failure.
+    decided = sum(row["decisions"].values()) + row["other_decisions"]
+    assert decided == row["completed"] and decided + row["rejected"] + row["failed"] == 8
+    assert row["completed"] > 0 and row["ttft"]["mean"] > 0
+    # The simulator's prediction for the same slice, priced with what the live conductor used.
+    assert data["costs"]["kv_bytes_per_token"] == 2048
+    sim = row["sim"]
+    assert set(sim["ttft"]) == DISTRIBUTION and sum(sim["decisions"].values()) + sim["rejected"] == 8
+    # Nothing left: no namespace of ours, no daemon of ours.
+    assert not {ns for ns in _namespaces() - before if ns.startswith("mcb")}
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if any("mooncake-bench-hosts-" in part for part in p.info["cmdline"] or [])]
+    assert not leftovers
+
+
+def test_without_ip_it_says_so_in_one_line(mooncake):
+    result = mooncake("bench", "serve", "--hosts", "2", env={"PATH": "/nonexistent"})
+    assert result.returncode != 0
+    message = result.stderr.decode().strip()
+    assert len(message.splitlines()) == 1 and ("`ip`" in message or "root" in message)
+
+
+def test_the_summary_counts_every_request_once():
+    metrics = parse_metrics('mooncake_replicated_blocks_total 3\nmooncake_cost_kv_bytes_per_token 2048\n'
+                            'mooncake_cost_transfer_bandwidth_bytes 1.25e+08\n'
+                            + "".join(f'mooncake_cost_prefill_seconds{{term="{t}"}} 0.001\n'
+                                      for t in ("fixed", "per_token", "per_token_pair"))
+                            + "".join(f'mooncake_cost_tbt_seconds{{term="{t}"}} 0.002\n'
+                                      for t in ("fixed", "per_sequence", "per_context_token")))
+    done = lambda reason, prefix: {"ok": True, "ttft": 0.1, "gaps": [0.01, 0.02], "prompt_tokens": 100,  # noqa: E731
+                                   "mooncake": {"reason": reason, "prefix_tokens": prefix}}
+    outcomes = [done("miss", 0), done("transfer", 64), done("local_hit", 96),
+                {"ok": False, "rejected": True}, {"ok": False, "rejected": False}]
+    row = policy_summary(outcomes, metrics, 2.0)
+    assert row["decisions"] == {"local_hit": 1, "transfer": 1, "recompute": 0, "miss": 1}
+    assert (row["completed"], row["rejected"], row["failed"], row["replicas"]) == (3, 1, 1, 3)
+    assert row["hit_rate"] == pytest.approx(160 / 300) and row["ttft"]["p50"] == pytest.approx(0.1)
+    assert cost_figures(metrics) == {"kv_bytes_per_token": 2048, "transfer_bandwidth": 1.25e8,
+                                     "prefill_coef": [0.001] * 3, "tbt_coef": [0.002] * 3}
+    assert policy_summary([], {}, 0.0)["replicas"] is None  # not counted by this conductor
