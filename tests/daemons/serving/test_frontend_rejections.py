@@ -13,8 +13,10 @@ import pytest
 
 from daemons.model import ByteTokenizer
 from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.messages import WorkerCalibration
 from daemons.serving.service import ServingService
 from tests.daemons.serving.helpers import metric, request
+from transfer.errors import InvalidArgument
 from transfer.rpc.client_server import Request
 from transfer.settings import resolve
 
@@ -70,3 +72,17 @@ def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(fronten
     status, _, data = request(url, "POST", "/v1/completions", b'{"prompt": "hi"}')
     assert status == 500 and "KeyError" in json.loads(data)["error"]["message"]
     assert request(url, "GET", "/health")[0] == 503  # still answering
+
+
+def test_a_workers_calibration_is_planned_with_and_a_bad_one_refused(frontend):
+    url, service = frontend()
+    beat = {"name": "prefill-0", "role": "prefill", "address": "tcp://127.0.0.1:9", "kv_capacity_tokens": 4096}
+    with pytest.raises(InvalidArgument):
+        service.heartbeat(Request("conductor.heartbeat", {**beat, "calibration": {"prefill_coef": [1.0]}}, [], 0.0))
+    assert not service.workers  # refused before it joined
+    calibration = WorkerCalibration(2048, 3e8, prefill_coef=(0.001, 2e-4, 1e-7))
+    service.heartbeat(Request("conductor.heartbeat", {**beat, "calibration": calibration.to_wire()}, [], 0.0))
+    assert metric(url, "mooncake_cost_kv_bytes_per_token") == 2048
+    assert metric(url, "mooncake_cost_transfer_bandwidth_bytes") == 3e8
+    assert metric(url, "mooncake_cost_prefill_seconds", term="per_token") == 2e-4
+    assert service.conductor.prefill_model.predict(1000, 0) == pytest.approx(0.001 + 0.2 + 1e-7 * 1000 * 1000 / 2)
