@@ -12,14 +12,15 @@ costs from the first request and refits them from live samples afterwards.
   shape pays allocator warm-up the live path does not.
 - Decode: a few steps at several batch sizes and context lengths, fitted the same way.
 - Bytes per token: the served model's KV layout (layers x K,V x KV heads x head dim x dtype).
-- Bandwidth: one put and a timed get of a KV-sized object through the worker's own store client,
-  which is the path a prefix pull takes today (the master places the object where it places prefix
-  blocks: shared memory on this host, TCP to a store client on another). This measures the engine
-  the live prefill uses, not the NIC's nominal rate: on one host a TCP figure would be wrong by the
-  shm/TCP ratio, and across hosts a nominal figure ignores Python's per-slice cost.
+- Bandwidth: a probe object put on another client's segment (one on another host if any is
+  mounted) and read back through the worker's own store client, timed: the path a transfer pulls
+  a prefix over (shared memory from a holder on this host, TCP from one on another). This
+  measures the engine the live prefill uses, not the NIC's nominal rate: on one host a TCP figure
+  would be wrong by the shm/TCP ratio, and across hosts a nominal figure ignores Python's
+  per-slice cost. The conductor plans with the slowest figure any worker measured.
 
 Both profiles run on a scratch KV cache of their own, never on the worker's pages, and stop
-adding shapes once ``calibration_time`` has passed (the first shape always runs); too few samples to fit leaves the figure out
+adding shapes once ``calibration_time`` has passed (the first ``MIN_SHAPES`` always run); too few samples to fit leaves the figure out
 (None), and the conductor keeps what it had.
 """
 
@@ -42,6 +43,7 @@ from transfer.errors import MooncakeError
 PREFILL_SHAPES = ((64, 0), (256, 0), (64, 512), (512, 0), (128, 256), (256, 512))
 # (batch, context tokens per sequence) per profiled decode step.
 DECODE_SHAPES = ((1, 64), (8, 64), (4, 512), (1, 1024), (8, 1024))
+MIN_SHAPES = 3  # what a 3-term least squares needs, however long they take on a loaded machine
 BANDWIDTH_PROBE_BYTES = 4 * 2**20
 
 
@@ -67,7 +69,7 @@ def profile_prefill(model: LlamaModel, block_size: int, budget_s: float,
     rng = np.random.default_rng(0)
     samples, deadline = [], time.monotonic() + budget_s
     for new, prefix in shapes:
-        if samples and time.monotonic() > deadline:
+        if len(samples) >= MIN_SHAPES and time.monotonic() > deadline:
             break
         prefix -= prefix % block_size
         prompt = _tokens(new + prefix, model.config.vocab_size, rng)
@@ -100,7 +102,7 @@ def profile_decode(model: LlamaModel, block_size: int, budget_s: float,
     rng = np.random.default_rng(0)
     samples, deadline = [], time.monotonic() + budget_s
     for batch, context in shapes:
-        if samples and time.monotonic() > deadline:
+        if len(samples) >= MIN_SHAPES and time.monotonic() > deadline:
             break
         seqs = [Sequence.from_prompt(f"calibration-{i}", _tokens(context, model.config.vocab_size, rng),
                                      max_tokens=steps) for i in range(batch)]
@@ -139,12 +141,26 @@ def fit_decode(samples: Samples[tuple[int, int, float]]) -> tuple[float, float, 
         return None
 
 
+def _farthest_segment(store: StoreClient, nbytes: int) -> str | None:
+    """Another client's segment with room for the probe, on another host if there is one: a
+    transfer pulls a prefix from another holder, and the slowest such path is the one that
+    decides whether pulling beats recomputing. None: let the master place it."""
+    try:
+        rows = store.master.inspect("segments")
+    except MooncakeError:
+        return None
+    others = [row for row in rows if row["client_id"] != store.client_id and row["free_bytes"] >= nbytes]
+    others.sort(key=lambda row: row["host"] == store.engine.host_id)  # other hosts first
+    return others[0]["segment_id"] if others else None
+
+
 def measure_pull_bandwidth(store: StoreClient, nbytes: int = BANDWIDTH_PROBE_BYTES) -> float | None:
     """Bytes per second of the faster of two gets of an ``nbytes`` object put through ``store``;
     None if the store cannot take it (full, or no segment yet). The object is removed after."""
     key = f"calibration-{uuid.uuid4().hex}"
+    target = _farthest_segment(store, nbytes)
     try:
-        store.put(key, np.zeros(nbytes, dtype=np.uint8))
+        store.put(key, np.zeros(nbytes, dtype=np.uint8), preferred_segments=(target,) if target else ())
     except MooncakeError:
         return None
     try:
