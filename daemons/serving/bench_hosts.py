@@ -137,10 +137,16 @@ class Hosts:
 
 def cluster_settings(policy: str, block_tokens: int, request_timeout: float) -> dict[str, Any]:
     """Settings every daemon of one policy's cluster shares: the tiny model, small blocks and
-    memory so N+1 torch processes fit the machine, generous timeouts for a loaded one."""
-    return {"schedule_policy": policy, "kv_block_tokens": block_tokens, "kv_cache_size": "16MiB",
-            "segment_size": "64MiB", "worker_timeout": "5s", "request_timeout": f"{request_timeout}s",
-            "rpc_timeout": "5s", "prefill_workers": 0, "decode_workers": 0, "store_clients": 0}
+    memory so N+1 torch processes fit the machine, generous timeouts for a loaded one.
+
+    No SLOs: Figure 5 compares where the policies run requests, so every request is served and
+    counts in the TTFT (only a full decode KV cache still rejects). With SLOs the policies' rows
+    would average different subsets, and one pessimistic start-up profile of the single decode
+    worker could reject every request, so that no decode sample ever corrects it."""
+    return {"schedule_policy": policy, "kv_block_tokens": block_tokens, "kv_cache_size": "64MiB",
+            "segment_size": "64MiB", "ttft_slo": 0, "tbt_slo": 0, "worker_timeout": "5s",
+            "request_timeout": f"{request_timeout}s", "rpc_timeout": "5s", "prefill_workers": 0,
+            "decode_workers": 0, "store_clients": 0}
 
 
 def start_cluster(hosts: Hosts, root: Path, settings: dict[str, Any], timeout: float) -> tuple[Cluster, str]:
@@ -281,7 +287,9 @@ def _workers(url: str) -> dict | None:
 def _outcome(replayed: Replayed) -> dict[str, Any]:
     completion = replayed.completion
     if completion is None:
-        return {"ok": False, "rejected": isinstance(replayed.error, Rejected), "error": str(replayed.error)}
+        rejected = isinstance(replayed.error, Rejected)
+        return {"ok": False, "rejected": rejected, "reason": replayed.error.reason if rejected else None,
+                "error": str(replayed.error)}
     return {"ok": True, "ttft": completion.client_ttft, "gaps": completion.client_gaps,
             "prompt_tokens": replayed.prompt_tokens, "mooncake": completion.mooncake}
 

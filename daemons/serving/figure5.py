@@ -5,7 +5,7 @@ figures, and runs the simulator in process.
 Per policy: ``ttft`` and ``tbt`` (mean, p50, p90, p99, seconds, as the client saw them), the token
 ``hit_rate``, the conductor's ``decisions`` (local_hit / transfer / recompute / miss, from each
 completion's ``mooncake.reason``), ``replicas`` (``mooncake_replicated_blocks_total``; None while
-the conductor does not count them), ``rejected`` and ``failed``. Every replayed request is counted
+the conductor does not count them), ``rejected`` (and ``rejected_by`` reason) and ``failed``. Every replayed request is counted
 exactly once: in a decision, in ``rejected`` or in ``failed``.
 """
 
@@ -69,6 +69,7 @@ def policy_summary(outcomes: list[dict], metrics: dict[str, float], seconds: flo
     return {
         "requests": len(outcomes), "completed": len(done),
         "rejected": sum(not o["ok"] and o["rejected"] for o in outcomes),
+        "rejected_by": dict(Counter(o["reason"] for o in outcomes if not o["ok"] and o["rejected"])),
         "failed": sum(not o["ok"] and not o["rejected"] for o in outcomes),
         "ttft": distribution([o["ttft"] for o in done if o["ttft"] is not None]),
         "tbt": distribution([g for o in done for g in o["gaps"]]),

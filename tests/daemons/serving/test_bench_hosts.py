@@ -64,10 +64,11 @@ def test_the_summary_counts_every_request_once():
     done = lambda reason, prefix: {"ok": True, "ttft": 0.1, "gaps": [0.01, 0.02], "prompt_tokens": 100,  # noqa: E731
                                    "mooncake": {"reason": reason, "prefix_tokens": prefix}}
     outcomes = [done("miss", 0), done("transfer", 64), done("local_hit", 96),
-                {"ok": False, "rejected": True}, {"ok": False, "rejected": False}]
+                {"ok": False, "rejected": True, "reason": "reject_tbt"}, {"ok": False, "rejected": False}]
     row = policy_summary(outcomes, metrics, 2.0)
     assert row["decisions"] == {"local_hit": 1, "transfer": 1, "recompute": 0, "miss": 1}
     assert (row["completed"], row["rejected"], row["failed"], row["replicas"]) == (3, 1, 1, 3)
+    assert row["rejected_by"] == {"reject_tbt": 1}
     assert row["hit_rate"] == pytest.approx(160 / 300) and row["ttft"]["p50"] == pytest.approx(0.1)
     assert cost_figures(metrics) == {"kv_bytes_per_token": 2048, "transfer_bandwidth": 1.25e8,
                                      "prefill_coef": [0.001] * 3, "tbt_coef": [0.002] * 3}
