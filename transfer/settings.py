@@ -268,9 +268,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("scheduler", "tbt_slo", "duration", 0.1,
        "Time-between-tokens SLO a decode instance must keep (0 disables; KV capacity still holds)."),
     _s("scheduler", "kv_bytes_per_token", "size", 327680,
-       "KV bytes per token (LLaMA-70B class: 80 layers x K,V x 8 KV heads x 128 x 2 bytes)."),
+       "KV bytes per token (LLaMA-70B class: 80 layers x K,V x 8 KV heads x 128 x 2 bytes); the "
+       "live conductor plans with it only until a worker reports its model's KV layout."),
     _s("scheduler", "kv_transfer_bandwidth", "size", 12_500_000_000,
-       "Bytes per second one node moves KV at (100 Gbps)."),
+       "Bytes per second one node moves KV at (100 Gbps); the live conductor plans with it only "
+       "until a prefill worker reports the pull bandwidth it measured at start."),
     _s("scheduler", "cache_capacity_tokens", "int", 3_000_000,
        "KV tokens each prefill instance's DRAM cache holds (simulator).", minimum=0),
     _s("scheduler", "pool_capacity_tokens", "int", 0,
