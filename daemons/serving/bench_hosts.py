@@ -42,6 +42,7 @@ from daemons.serving.figure5 import cost_figures, parse_metrics, policy_summary,
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
 from transfer.settings import resolve
+from transfer.shm.region import remove_orphans
 
 SUBNET = "10.78.0"
 HEAD = "head"
@@ -198,8 +199,6 @@ def stop_cluster(cluster: Cluster, grace: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             pass
     cluster.close()  # SIGKILL whatever is left, and reap
-    from transfer.shm.region import remove_orphans
-
     remove_orphans()  # shared memory of a daemon that had to be killed
 
 
@@ -222,11 +221,14 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 requests: list[tuple[float, list[int], int]], *, max_blocks: int, block_tokens: int,
                 link_gbps: float | None, request_timeout: float, start_timeout: float) -> dict[str, Any]:
     """Replay ``requests`` (``slice_`` scaled) once per policy on a cold cluster over ``num_hosts``
-    prefill hosts, then the simulator over the same slice priced with the costs the live
-    conductor planned with. Namespaces and processes are gone when this returns or raises."""
+    prefill hosts, then the simulator over the same slice priced with ``costs``: what the first
+    policy's conductor planned with at the end of its run (its workers' start-up profiles, refitted
+    by its live samples). Namespaces and processes are gone when this returns or raises; the
+    daemons' logs stay in a temporary directory only when it raises."""
     rows: dict[str, dict[str, Any]] = {}
     costs = None
     root = Path(tempfile.mkdtemp(prefix="mooncake-bench-hosts-"))
+    finished = False
     horizon = requests[-1][0] if requests else 0.0
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -245,10 +247,12 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 rows[policy] = policy_summary(answer["outcomes"], metrics, answer["seconds"])
                 costs = costs or cost_figures(metrics)
         left = hosts.remaining()
+        finished = True
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        shutil.rmtree(root, ignore_errors=True)
+        if finished:
+            shutil.rmtree(root, ignore_errors=True)  # else the daemons' logs stay, for the error to name
     if costs is not None:
         sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                                  [out for _, _, out in requests])

@@ -26,6 +26,7 @@ from scheduler.sim.trace import TraceRequest
 from scheduler.types import LOCAL_HIT, MISS, RECOMPUTE, TRANSFER
 
 DECISIONS = (LOCAL_HIT, TRANSFER, RECOMPUTE, MISS)
+ERROR_CHARS = 160
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
 
 
@@ -71,6 +72,9 @@ def policy_summary(outcomes: list[dict], metrics: dict[str, float], seconds: flo
         "rejected": sum(not o["ok"] and o["rejected"] for o in outcomes),
         "rejected_by": dict(Counter(o["reason"] for o in outcomes if not o["ok"] and o["rejected"])),
         "failed": sum(not o["ok"] and not o["rejected"] for o in outcomes),
+        # What failed requests were told, most common first (a few lines, not one per request).
+        "errors": Counter(o.get("error", "")[:ERROR_CHARS] for o in outcomes
+                          if not o["ok"] and not o["rejected"]).most_common(3),
         "ttft": distribution([o["ttft"] for o in done if o["ttft"] is not None]),
         "tbt": distribution([g for o in done for g in o["gaps"]]),
         "hit_rate": sum(o["mooncake"].get("prefix_tokens", 0) for o in done) / prompt if prompt else 0.0,
