@@ -26,10 +26,20 @@ Ops (args -> result; errors are the typed store errors):
                                             -> {accepted, rejected, disk_rejected}
     store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
     store.inspect                           {what: counters|segments|objects|clients|key, key?}
+    store.kv_events                         {}  -> {address, replay_address, epoch, sequence}
+    store.kv_snapshot                       {}  -> {address, replay_address, epoch, sequence,
+                                                    blocks: [[key, segment_id]]}
 
 A batch item is ``{"ok": value}`` or ``{"error": {...}}`` (see :mod:`store.wire`). The handlers
 run on the RPC I/O thread: each holds the lock for microseconds, and skipping the pool's hand-off
 is what keeps a 4 KiB put near one round trip per phase.
+
+KV events: the events an op recorded (:mod:`store.events.recorder`) are taken with its sequence
+number while the lock is held, and handed to the publisher (:mod:`store.events.publisher`) once
+it is released: one batch per RPC, one queue put. ``store.kv_snapshot`` answers, under the same
+lock, the last batch's sequence number and every complete memory replica as (key, segment): a
+subscriber that missed a batch rebuilds its view from it and follows the batches after it.
+``store.kv_events`` is its cheap half (no blocks), for subscribers that poll for gaps.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from collections.abc import Callable
 
 from store import views
 from store.errors import InvalidParams
+from store.events.publisher import KvEventPublisher
+from store.events.recorder import StoreEvent
 from store.master_state import MasterState
 from store.objects import ClientStatus
 from store.policy import StorePolicy
@@ -55,9 +67,16 @@ log = logging.getLogger(__name__)
 
 
 class StoreService:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, publisher: KvEventPublisher | None = None) -> None:
         self.state = MasterState(StorePolicy.from_config(config))
         self.lock = threading.Lock()
+        self.publisher = publisher  # None: events are recorded and dropped
+        # A fresh state holds nothing: whoever followed an earlier one (a deposed or replaced
+        # leader's, in this process) forgets what it listed.
+        with self.lock:
+            self.state.kv_events.cleared_since(0)
+            batch = self._take_events()
+        self._publish(batch)
 
     def register(self, server: RpcServer) -> None:
         for op, handler in self._ops().items():
@@ -67,6 +86,8 @@ class StoreService:
         with self.lock:
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
+            batch = self._take_events()
+        self._publish(batch)
         if evicted:
             log.info("evicted %d objects", len(evicted))
         for client_id in expired:
@@ -78,9 +99,39 @@ class StoreService:
 
     def _locked(self, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
         def run(request: Request) -> Any:
-            with self.lock:
-                return handler(request.args, time.monotonic())
+            batch = None
+            try:
+                with self.lock:
+                    try:
+                        return handler(request.args, time.monotonic())
+                    finally:  # an op that failed half way may have changed something
+                        batch = self._take_events()
+            finally:
+                self._publish(batch)
         return run
+
+    def _take_events(self) -> tuple[int, list[StoreEvent]] | None:
+        """The events recorded since the last take, numbered; under the lock."""
+        events = self.state.kv_events.take()
+        if not events or self.publisher is None:
+            return None
+        return self.publisher.next_sequence(), events
+
+    def _publish(self, batch: tuple[int, list[StoreEvent]] | None) -> None:
+        if batch is not None:
+            self.publisher.publish(*batch)
+
+    def _kv_events(self, args: dict, now: float) -> dict:
+        p = self.publisher
+        if p is None:
+            return {"address": "", "replay_address": "", "epoch": "", "sequence": -1}
+        return {"address": p.address, "replay_address": p.replay_address, "epoch": p.epoch,
+                "sequence": p.last_sequence}
+
+    def _kv_snapshot(self, args: dict, now: float) -> dict:
+        blocks = [[obj.key, r.segment_id] for obj in self.state.objects.values() if obj.complete
+                  for r in obj.replicas if r.in_memory]
+        return {**self._kv_events(args, now), "blocks": blocks}
 
     def _ops(self) -> dict[str, Callable[[dict, float], Any]]:
         s = self.state
@@ -132,6 +183,8 @@ class StoreService:
             "remount": self._remount,
             "ping": self._ping,
             "inspect": self._inspect,
+            "kv_events": self._kv_events,
+            "kv_snapshot": self._kv_snapshot,
         }
 
     def _remount(self, args: dict, now: float) -> dict:
