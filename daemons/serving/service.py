@@ -14,6 +14,11 @@ request happen on its own thread. Liveness is heartbeats: a worker silent for ``
 (or one that fails a call) is removed from the policy, and every request it was serving gets an
 error event at once instead of waiting out its deadline.
 
+Which blocks each prefill instance (or the pool) holds comes only from the master's KV events:
+the conductor daemon's :class:`daemons.serving.kv_events.KvEventSubscriber` applies them through
+:meth:`ServingService.apply_kv_events` / :meth:`rebuild_kv_index`, mapping each store segment to
+the prefill worker whose heartbeat announces it (``segment``; any other segment is the pool).
+
 Decode pages reserved for a request are freed once nothing can write into them any more: when
 the request ends after its prefill reported, or when the prefill worker is gone; a request that
 ends while its prefill may still be writing leaves an orphan whose late report frees them.
@@ -34,10 +39,12 @@ from collections.abc import Iterator
 from daemons.model import KVCacheFull
 from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
+from daemons.serving.kv_events import IndexFollower
 from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
+from scheduler.cache_index import CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.errors import NoInstances
@@ -53,7 +60,8 @@ class ServingService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.sched = SchedulerConfig.from_config(config)
-        self.conductor = Conductor(self.sched)
+        self.conductor = Conductor(self.sched, index=CacheIndex(config.index_max_blocks))
+        self.index_follower = IndexFollower(self.conductor.index)
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.flights: dict[str, Flight] = {}
@@ -210,8 +218,6 @@ class ServingService:
                 transfer_seconds=timings.load if decision.transfer_tokens else None)
             self.conductor.observe_prefill(len(flight.request.token_ids), report.loaded_blocks * size,
                                            timings.compute, decision.prefill_id)
-            if report.stored_blocks:
-                self.conductor.blocks_stored(decision.prefill_id, flight.keys[:report.stored_blocks])
             admitted = self.conductor.admit_decode(flight.request_id, now)
         self.metrics.observe_ttft(flight.ttft)
         self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
@@ -266,6 +272,36 @@ class ServingService:
             decode.client.call("decode.release", {"request_id": flight.request_id})
         except MooncakeError as exc:
             log.warning("could not free decode pages of %s on %s: %s", flight.request_id, decode.name, exc)
+
+    # -- the cache index, from the master's KV events (daemons.serving.kv_events) ----------------
+
+    def apply_kv_events(self, events: list) -> bool:
+        """Apply one batch; False, applying nothing, when the segment map changed: rebuild."""
+        with self.lock:
+            if not self.index_follower.current(self._segment_locations()):
+                return False
+            self.index_follower.apply(events)
+            return True
+
+    def rebuild_kv_index(self, replicas: list[tuple[str, str]]) -> None:
+        with self.lock:
+            self.index_follower.rebuild(replicas, self._segment_locations())
+
+    def kv_index_current(self) -> bool:
+        with self.lock:
+            return self.index_follower.current(self._segment_locations())
+
+    def index_view(self) -> dict[str, Any]:
+        """Sizes of the cache index (the conductor.index op)."""
+        with self.lock:
+            index = self.conductor.index
+            return {"blocks": index.num_keys(), "locations": index.sizes(), "max_blocks": index.max_blocks,
+                    "dropped": index.num_dropped}
+
+    def _segment_locations(self) -> dict[str, str]:
+        """Store segment -> the prefill worker that announces it; under the lock."""
+        return {w.load["segment"]: w.name for w in self.workers.values()
+                if w.role == "prefill" and isinstance(w.load.get("segment"), str)}
 
     # -- what the front end shows ----------------------------------------------------------------
 

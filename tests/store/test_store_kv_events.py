@@ -49,7 +49,7 @@ def test_a_master_publishes_store_events_in_vllm_shape(mooncake, tmp_path):
             if sub.poll(100):
                 break
         first = receive(sub, 1)[0][0]
-        ahead = admin._call("kv_events")["sequence"]
+        ahead = admin.kv_events()["sequence"]
         while ahead > first:  # the other probes' batches
             ahead -= 1
             receive(sub, 1)
@@ -65,7 +65,7 @@ def test_a_master_publishes_store_events_in_vllm_shape(mooncake, tmp_path):
         assert cleared.events == [AllBlocksCleared()]
         store.put("b", b"y" * 64)
         ((sequence, _),) = receive(sub, 1)
-        snapshot = admin._call("kv_snapshot")
+        snapshot = admin.kv_snapshot()
         assert snapshot["sequence"] == sequence and snapshot["blocks"] == [["b", segment]]
         # The replay socket (vLLM's protocol) hands back buffered batches, then the end marker.
         replay = context.socket(zmq.REQ)
