@@ -18,9 +18,11 @@ from daemons.cluster.store_access import connect
 from daemons.model import KVCache, KVCacheLayout, ModelRunner, Sequence
 from daemons.workers.prefix_store import object_key
 from scheduler.block_hash import prefix_block_keys
+from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
                                    request, sse_events)
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
 FAULT_DEADLINE = 10.0  # seconds from a kill to the client's error (worker_timeout is 1 s)
@@ -94,7 +96,13 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     finally:
         long.join()
     info = answer["mooncake"]
-    assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == holder
+    # Where the index says the prefix is (from the master's KV events): the holder's own segment
+    # when prefill workers announce one in their heartbeat, else the shared pool.
+    runner_info = cluster[2]
+    address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
+    with RpcClient(address) as conductor:
+        source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
+    assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
     assert answer["choices"][0]["token_ids"] == reference.tokens(second, 10)
 
@@ -161,6 +169,36 @@ def test_the_conductor_keeps_serving_and_reports_metrics(cluster):
     assert metric(url, "mooncake_ttft_seconds_count") >= 10
     assert metric(url, "mooncake_prefix_hit_tokens_total") >= 4 * BLOCK
     assert metric(url, "mooncake_workers", role="decode") == 2
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_the_conductor_index_forgets_what_the_store_removed(cluster):
+    """The index follows the master's KV events: a block goes from it as soon as one of its
+    layers is removed from the store, and everything goes with remove_all."""
+    runner, url, info = cluster
+    address = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
+    tokens = prompt(3 * BLOCK + 5, seed=30)
+    complete(url, prompt=tokens, max_tokens=1)
+    keys = prefix_block_keys(tokens, BLOCK)
+    with RpcClient(address) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        def index() -> dict:
+            return conductor.call("conductor.index")
+
+        wait_until(lambda: index()["blocks"] >= 3)
+        before = index()["blocks"]
+        store.remove(object_key(keys[1], 1), force=True)
+        wait_until(lambda: index()["blocks"] == before - 1)
+        store.remove_all(force=True)
+        wait_until(lambda: index()["blocks"] == 0)
+        view = index()
+        assert view["kv_events"]["malformed"] == 0 and view["kv_events"]["batches"] > 0
+        assert view["max_blocks"] == 1_000_000
 
 
 def _kill(info: dict, name: str) -> None:
