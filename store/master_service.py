@@ -34,12 +34,15 @@ A batch item is ``{"ok": value}`` or ``{"error": {...}}`` (see :mod:`store.wire`
 run on the RPC I/O thread: each holds the lock for microseconds, and skipping the pool's hand-off
 is what keeps a 4 KiB put near one round trip per phase.
 
-KV events: the events an op recorded (:mod:`store.events.recorder`) are taken with its sequence
-number while the lock is held, and handed to the publisher (:mod:`store.events.publisher`) once
-it is released: one batch per RPC, one queue put. ``store.kv_snapshot`` answers, under the same
-lock, the last batch's sequence number and every complete memory replica as (key, segment): a
-subscriber that missed a batch rebuilds its view from it and follows the batches after it.
-``store.kv_events`` is its cheap half (no blocks), for subscribers that poll for gaps.
+KV events: the events an op recorded (:mod:`store.events.recorder`) are taken from the state at
+the end of the op and handed to the publisher (:mod:`store.events.publisher`) before the lock is
+released: a deque append, no system call, and the lock is what keeps two threads' (the I/O
+thread's, the tick's) events in the order they happened. Encoding and sending happen on the
+publisher's thread. ``store.kv_snapshot`` reads every complete memory replica as (key, segment)
+under the lock, marks that point in the event stream and, off the lock, waits (a few ms) for the
+sequence number of the last batch before the mark: a subscriber that missed a batch rebuilds its
+view from the snapshot and follows the batches after that number. ``store.kv_events`` is its
+cheap half (no blocks, the last batch sent), for subscribers that poll for gaps.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ from collections.abc import Callable
 from store import views
 from store.errors import InvalidParams
 from store.events.publisher import KvEventPublisher
-from store.events.recorder import StoreEvent
 from store.master_state import MasterState
 from store.objects import ClientStatus
 from store.policy import StorePolicy
@@ -75,19 +77,19 @@ class StoreService:
         # leader's, in this process) forgets what it listed.
         with self.lock:
             self.state.kv_events.cleared_since(0)
-            batch = self._take_events()
-        self._publish(batch)
+            self._hand_over_events()
 
     def register(self, server: RpcServer) -> None:
         for op, handler in self._ops().items():
             server.register(f"store.{op}", self._locked(handler))
+        # It waits for the publisher's thread: off the I/O thread.
+        server.register("store.kv_snapshot", self._kv_snapshot, blocking=True)
 
     def tick(self, now: float) -> None:
         with self.lock:
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
-            batch = self._take_events()
-        self._publish(batch)
+            self._hand_over_events()
         if evicted:
             log.info("evicted %d objects", len(evicted))
         for client_id in expired:
@@ -99,27 +101,18 @@ class StoreService:
 
     def _locked(self, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
         def run(request: Request) -> Any:
-            batch = None
-            try:
-                with self.lock:
-                    try:
-                        return handler(request.args, time.monotonic())
-                    finally:  # an op that failed half way may have changed something
-                        batch = self._take_events()
-            finally:
-                self._publish(batch)
+            with self.lock:
+                try:
+                    return handler(request.args, time.monotonic())
+                finally:  # an op that failed half way may have changed something
+                    self._hand_over_events()
         return run
 
-    def _take_events(self) -> tuple[int, list[StoreEvent]] | None:
-        """The events recorded since the last take, numbered; under the lock."""
+    def _hand_over_events(self) -> None:
+        """Under the lock: what the state recorded since the last call, to the publisher."""
         events = self.state.kv_events.take()
-        if not events or self.publisher is None:
-            return None
-        return self.publisher.next_sequence(), events
-
-    def _publish(self, batch: tuple[int, list[StoreEvent]] | None) -> None:
-        if batch is not None:
-            self.publisher.publish(*batch)
+        if events and self.publisher is not None:
+            self.publisher.publish(events)
 
     def _kv_events(self, args: dict, now: float) -> dict:
         p = self.publisher
@@ -128,10 +121,14 @@ class StoreService:
         return {"address": p.address, "replay_address": p.replay_address, "epoch": p.epoch,
                 "sequence": p.last_sequence}
 
-    def _kv_snapshot(self, args: dict, now: float) -> dict:
-        blocks = [[obj.key, r.segment_id] for obj in self.state.objects.values() if obj.complete
-                  for r in obj.replicas if r.in_memory]
-        return {**self._kv_events(args, now), "blocks": blocks}
+    def _kv_snapshot(self, request: Request) -> dict:
+        with self.lock:
+            self._hand_over_events()  # e.g. an op-log replay's, recorded outside any op
+            blocks = [[obj.key, r.segment_id] for obj in self.state.objects.values() if obj.complete
+                      for r in obj.replicas if r.in_memory]
+            mark = self.publisher.mark() if self.publisher is not None else None
+        info = self._kv_events(request.args, 0.0)
+        return {**info, "sequence": mark.wait(timeout=5.0) if mark is not None else -1, "blocks": blocks}
 
     def _ops(self) -> dict[str, Callable[[dict, float], Any]]:
         s = self.state
@@ -184,7 +181,6 @@ class StoreService:
             "ping": self._ping,
             "inspect": self._inspect,
             "kv_events": self._kv_events,
-            "kv_snapshot": self._kv_snapshot,
         }
 
     def _remount(self, args: dict, now: float) -> dict:
