@@ -98,3 +98,19 @@ class LayerStream:
         raised already): the pages may be freed after this."""
         for write in self._writes:
             write.exception()
+
+
+class PageSink:
+    """Registered pages that stand in for a decode worker's (`mooncake bench prefill`): a prefill
+    writes a prompt's KV there as it would into decode's reserved pages."""
+
+    def __init__(self, engine: TransferEngine, num_pages: int, page_bytes: int) -> None:
+        self.engine, self.num_pages = engine, num_pages
+        self.buffer = engine.allocate_shared_buffer(num_pages * page_bytes)
+
+    def target(self, num_pages: int) -> dict:
+        """A decode target ({"segment", "kv_address", "block_ids"}) of the first ``num_pages``."""
+        if num_pages > self.num_pages:
+            raise ValueError(f"{num_pages} pages wanted, the sink has {self.num_pages}")
+        return {"segment": self.engine.name, "kv_address": int(self.buffer.ctypes.data),
+                "block_ids": list(range(num_pages))}

@@ -5,9 +5,10 @@ The group starts the stages (``daemons.workers.cpp.stage``), wires stage k's out
 ``prefill_chunk`` new tokens goes to every stage as a pipelined job, a shorter one to stage 0
 alone. A job runs in two rounds: each stage loads the cached prefix of its layers and says how
 many blocks it has; the group starts every stage from the fewest, so all compute from the same
-token. Each stage answers when its share is computed, written to the decode worker and stored;
-the group's answer is TTFT (job sent to logits ready on the last stage) and when the last stage
-finished storing.
+token. Each stage writes each of its layers into the decode worker's pages as soon as the layer
+is computed, and answers when its share is computed, written to the decode worker and stored;
+the group's answer is TTFT (job sent to logits ready on the last stage and, with a decode
+target, every layer in decode's pages) and when the last stage finished storing.
 """
 
 from __future__ import annotations
@@ -99,8 +100,11 @@ class PrefillGroup:
         last = answers[-1]
         logits = np.frombuffer(last["logits"], dtype=np.float32)
         stored = min(a["stored"] for a in answers) if store != "none" else 0
+        # TTFT as the served path sees it: the first token known and, with ``decode``, every
+        # stage's layers in the decode worker's pages (store puts may still run).
+        ready = max([last["logits_at"], *(a["sent_at"] for a in answers)]) if decode else last["logits_at"]
         return {"first_token": int(logits.argmax()), "logits": logits, "pipelined": pipelined,
-                "ttft": last["logits_at"] - sent, "done": max(a["done_at"] for a in answers) - sent,
+                "ttft": ready - sent, "done": max(a["done_at"] for a in answers) - sent,
                 "loaded_blocks": hit, "stored_blocks": hit + stored, "kv_bytes": sum(a["kv_bytes"] for a in answers),
                 "timings": {"load": began - sent, "compute": last["logits_at"] - began,
                             "transfer": max(a["transfer"] for a in answers),
