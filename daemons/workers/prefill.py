@@ -22,17 +22,17 @@ registered with the store client's transfer engine once, at start.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import topology
 from daemons.cluster.workdir import shm_prefix
-from daemons.model import BlockManager, KVCache, ModelRunner, Sequence, reusable_blocks
+from daemons.model import KVCache, ModelRunner, Sequence, reusable_blocks
 from daemons.serving.errors import PrefixLost
 from daemons.serving.messages import PrefillJob, PrefillReport, PrefillTimings
 from daemons.workers.kv_sender import KvSender, LayerStream
 from daemons.workers.prefill_jobs import Job, PrefillJobsDaemon
+from daemons.workers.prefill_pages import PrefillPages
 from daemons.workers.prefix_store import PrefixStore
 from store.client import StoreClient
 
@@ -48,9 +48,7 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
         self.segment = self.store.owner.segment.segment_id if self.store.owner else None
         self.kv = KVCache(self.layout)
         self.kv_address = self.store.register_buffer(self.kv.numpy())
-        self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
-        # Pages come back from the storing thread once a job's puts ended; a job waits for them.
-        self.pages_freed = threading.Condition()
+        self.pages = PrefillPages(self.layout.num_blocks, self.layout.block_size)
         self.runner = ModelRunner(self.model, self.kv)
         self.prefix = PrefixStore(self.store, self.layout, self.kv_address, self.segment)
         self.sender = KvSender(self.store.engine, self.layout, self.kv_address)
@@ -71,7 +69,7 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
     def prefill(self, job: Job) -> PrefillReport:
         spec = job.request
         seq = Sequence.from_prompt(spec.request_id, spec.token_ids, max_tokens=1)
-        self._take_pages(seq)
+        self.pages.take(seq, timeout=self.config.request_timeout)
         decode = spec.decode
         stream: LayerStream | None = None
         try:
@@ -87,19 +85,7 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
         finally:
             if stream is not None:
                 stream.settle()  # no write may still read the pages once they go back
-            self.prefix.when_stored(lambda: self._give_back(seq))
-
-    def _take_pages(self, seq: Sequence) -> None:
-        """Pages for ``seq``, waiting (up to request_timeout) for those of earlier jobs whose
-        puts are still running; KVCacheFull if they never come back."""
-        with self.pages_freed:
-            self.pages_freed.wait_for(lambda: self.pages.can_allocate(seq), timeout=self.config.request_timeout)
-            self.pages.allocate(seq)
-
-    def _give_back(self, seq: Sequence) -> None:
-        with self.pages_freed:
-            self.pages.deallocate(seq)
-            self.pages_freed.notify_all()
+            self.prefix.when_stored(lambda: self.pages.give_back(seq))
 
     def _compute(self, seq: Sequence, spec: PrefillJob, stream: LayerStream, load_blocks: int) -> PrefillReport:
         size = self.layout.block_size

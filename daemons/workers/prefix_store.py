@@ -27,6 +27,7 @@ Bytes go straight between the registered KV cache and the store's segments (``ge
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,8 @@ from scheduler.block_hash import BlockKey, format_key
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
 from transfer.errors import MooncakeError
+
+log = logging.getLogger(__name__)
 
 
 def object_key(key: BlockKey, layer: int) -> str:
@@ -157,6 +160,9 @@ class PrefixStore:
             for key in keys:
                 if self._pending.get(key) is done:
                     del self._pending[key]
+        if not done.cancelled() and done.exception() is not None:
+            # Nobody waits for these after the report: say why the blocks are not in the store.
+            log.warning("storing %d prefix block(s) failed: %s", len(keys), done.exception())
 
     def _wait_pending(self, keys: list[BlockKey]) -> None:
         with self._pending_lock:

@@ -4,7 +4,7 @@ Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in orde
 
     -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
     <- {"engine", "inbox"} | None    the next stage's (None on the last stage)
-    <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv",
+    <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv", "wait_store",
             "load_blocks", "decode": {"segment", "kv_address", "block_ids"} | None}
     -> {"ok", "error", "loaded", "load_s"}   leading prefix blocks now in this stage's layers
     <- start | None                  tokens every stage holds (the group's least "loaded"
@@ -21,6 +21,9 @@ KV of the stage's own layers goes to the store layer by layer while later layers
 ("layer"), or all of it after the last layer ("end"), which is the comparison `mooncake bench
 prefill` makes; and, with "decode", into the decode worker's reserved pages (this stage's layers
 of each page), each layer as soon as its last chunk is computed, while the next layer computes.
+With "wait_store" (default) a stage answers once its puts ended ("stored" counts the leading new
+blocks that went in); without it (the serving group) it answers once its KV is in decode's
+pages, "stored" counts the new blocks being put, and the job's pages are freed when they end.
 Stamps are ``time.monotonic()``, which is one clock for every process on the host.
 """
 
@@ -35,7 +38,8 @@ import torch
 
 from daemons.workers.cpp.link import Inbox, Outbox
 from daemons.workers.kv_sender import KvSender
-from daemons.model import (BlockManager, KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
+from daemons.workers.prefill_pages import PrefillPages
+from daemons.model import (KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
 from daemons.serving.errors import PrefixLost
 from daemons.workers.prefix_store import PrefixStore
@@ -58,7 +62,7 @@ class Stage:
         # Stage 0 runs short prompts alone, so it keeps every layer (the others drop theirs).
         self.whole = (StageRunner(StageModel(model, 0, model.config.num_layers), self.runner.kv_cache)
                       if index == 0 else None)
-        self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
+        self.pages = PrefillPages(self.layout.num_blocks, self.layout.block_size)
         self.engine = TransferEngine(metadata="P2PHANDSHAKE", options=EngineOptions.from_config(config))
         self.chunk = config.prefill_chunk
         # A chunk is prefill_chunk rounded up to whole blocks (chunk_bounds), even when that
@@ -105,7 +109,7 @@ class Stage:
         """Take the job's pages and load its cached prefix into this stage's layers; how many
         leading blocks every one of those layers now holds."""
         self.job, self.seq = job, Sequence.from_prompt("job", job["token_ids"], max_tokens=1)
-        self.pages.allocate(self.seq)
+        self.pages.take(self.seq, timeout=self.config.request_timeout)
         runner = self.runner if job["pipelined"] else self.whole
         wanted = reusable_blocks(len(self.seq), self.layout.block_size, job.get("load_blocks", 0))
         if not wanted or self.prefix is None:
@@ -122,8 +126,11 @@ class Stage:
 
     def release(self) -> None:
         if self.seq is not None:
-            self.pages.deallocate(self.seq)
-            self.seq = None
+            seq, self.seq = self.seq, None
+            if self.prefix is not None:  # puts may still read the pages
+                self.prefix.when_stored(lambda: self.pages.give_back(seq))
+            else:
+                self.pages.give_back(seq)
 
     def run(self, start: int) -> dict[str, Any]:
         """Compute the job from token ``start`` on (the KV before it is in every stage)."""
@@ -163,7 +170,10 @@ class Stage:
         sent = time.monotonic()
         for layer, pages in done_layers:
             stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
-        stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
+        if job.get("wait_store", True):
+            stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
+        else:  # answer now; the puts end in the background (what the serving group does)
+            stored = len(seq) // size - start // size if job["store"] != "none" else 0
         done = time.monotonic()
         kv = None
         if job["want_kv"]:
