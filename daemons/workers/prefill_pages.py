@@ -21,7 +21,8 @@ class PrefillPages:
         """Pages for all of ``seq``'s tokens, waiting up to ``timeout`` for jobs still storing to
         give theirs back; KVCacheFull if they do not."""
         with self._freed:
-            self._freed.wait_for(lambda: self._manager.can_allocate(seq), timeout=timeout)
+            if self._manager.missing_blocks(seq) <= self._manager.num_blocks:  # else no wait helps
+                self._freed.wait_for(lambda: self._manager.can_allocate(seq), timeout=timeout)
             self._manager.allocate(seq)
 
     def give_back(self, seq: Sequence) -> None:

@@ -1,11 +1,15 @@
-"""Layer-wise P->D: a prefill's pages go to decode one layer at a time, in order, while it computes."""
+"""Layer-wise P->D: a prefill's pages go to decode one layer at a time, in order, while it computes;
+and its pages stay taken until its background puts end."""
 
 from __future__ import annotations
 
 import threading
 
-from daemons.model import KVCacheLayout, ModelConfig
+import pytest
+
+from daemons.model import KVCacheFull, KVCacheLayout, ModelConfig, Sequence
 from daemons.workers.kv_sender import KvSender
+from daemons.workers.prefill_pages import PrefillPages
 from transfer.batch import OpCode
 
 LOCAL_BASE, REMOTE_BASE = 1 << 20, 1 << 30
@@ -55,3 +59,15 @@ def test_each_layer_is_written_as_it_is_queued_and_in_layer_order():
             (OpCode.WRITE, LOCAL_BASE + layout.block_offset(mine) + skip, 7,
              REMOTE_BASE + layout.block_offset(theirs) + skip, layout.layer_block_bytes)
             for mine, theirs in ((3, 10), (4, 11), (9, 12))]
+
+
+def test_a_job_waits_for_pages_still_being_stored_from_but_not_for_more_than_exist():
+    pages = PrefillPages(num_blocks=4, block_size=16)
+    storing = Sequence.from_prompt("storing", list(range(48)), max_tokens=1)  # 3 pages
+    pages.take(storing, timeout=1)
+    waiting = Sequence.from_prompt("next", list(range(40)), max_tokens=1)  # 3 pages: 1 free now
+    threading.Timer(0.05, pages.give_back, (storing,)).start()  # its puts end
+    pages.take(waiting, timeout=10)
+    assert len(waiting.block_table) == 3
+    with pytest.raises(KVCacheFull):
+        pages.take(Sequence.from_prompt("huge", list(range(80)), max_tokens=1), timeout=30)
