@@ -342,6 +342,10 @@ SETTINGS: tuple[Setting, ...] = (
     # serving: the conductor daemon, its HTTP front end and the P/D workers
     _s("serving", "prefill_workers", "int", 1,
        "Prefill workers `mooncake up` starts (after the conductor).", minimum=0),
+    _s("serving", "prefill_segment_size", "size", 256 * 2**20,
+       "Bytes of memory each prefill worker contributes to the store as its own segment: its "
+       "instance-local KV cache, where it puts the blocks it computes and keeps those it pulls; "
+       "0: it puts them in the shared pool.", minimum=0),
     _s("serving", "decode_workers", "int", 1,
        "Decode workers `mooncake up` starts (after the prefill workers).", minimum=0),
     _s("serving", "http_port", "int", 0,

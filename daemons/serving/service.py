@@ -4,8 +4,10 @@ One request's life, driven by the thread that serves it (:meth:`ServingService.g
 
     submit:  schedule (the scheduler/ policy: prefill + decode pair, or early rejection -> 429)
              -> decode.reserve (pages for prompt + max_tokens on the planned decode worker)
-             -> prefill.run (queued on the prefill worker; it loads the prefix from the store,
-                computes the rest, stores new blocks and writes the KV into the reserved pages)
+             -> prefill.run (queued on the prefill worker; it loads the prefix from its own
+                segment and, for a transfer, from the holder's segment, computes the rest and
+                writes each layer's KV into the reserved pages as it is computed; it reports
+                once the last layer is written, and stores new blocks in the background)
     run:     wait for conductor.prefill_done -> admit_decode -> first token (TTFT)
              -> decode.start -> one conductor.tokens event per step until the request finishes
 
@@ -156,15 +158,22 @@ class ServingService:
                 raise Rejected(f"rejected early ({decision.reason}): predicted TTFT "
                                f"{decision.predicted_ttft:.3f}s, decode load {decision.decode_load:.2f}",
                                decision.reason, max(1, math.ceil(decision.predicted_queue)))
+            self.metrics.count("mooncake_decisions_total", reason=decision.reason)
             flight = Flight(request_id, request, keys, decision, now, now + self.config.request_timeout)
             self.flights[request_id] = flight
             prefill, decode = self.workers[decision.prefill_id], self.workers[decision.decode_id]
+            # Where the pulled blocks are: the holder's own segment (the pool or a worker
+            # without one: any replica).
+            holder = self.workers.get(decision.transfer_from or "")
+            source_segment = holder.load.get("segment") if holder is not None else None
+        block = self.sched.block_tokens
         try:
             flight.reservation = KvTarget.from_wire(decode.client.call("decode.reserve", {
                 "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens}))
             prefill.client.call("prefill.run", PrefillJob(
-                request_id, request.token_ids, decision.prefix_tokens // self.sched.block_tokens,
-                request.prefix_reuse, flight.reservation).to_wire())
+                request_id, request.token_ids, decision.prefix_tokens // block,
+                request.prefix_reuse, flight.reservation, local_blocks=decision.local_tokens // block,
+                source_segment=source_segment, replicate=decision.transfer_tokens > 0).to_wire())
         except KVCacheFull as exc:
             self._finish(flight)
             self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
@@ -222,6 +231,7 @@ class ServingService:
         self.metrics.observe_ttft(flight.ttft)
         self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
         self.metrics.count("mooncake_prefix_hit_tokens_total", report.loaded_blocks * size)
+        self.metrics.count("mooncake_replicated_blocks_total", report.replicated_blocks or 0)
         if admitted != decision.decode_id:
             # The KV sits in the planned instance's pages; elsewhere it would have to move again.
             self.metrics.count("mooncake_rejections_total", reason=REJECT_DECODE)

@@ -80,7 +80,7 @@ def test_stored_kv_is_bitwise_equal_to_recomputed(cluster, reference):
 
 
 def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(cluster, reference):
-    _, url, _ = cluster
+    runner, url, _ = cluster
     shared = prompt(5 * BLOCK, seed=6)
     first = shared + prompt(30, seed=7)[1:]
     holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
@@ -105,6 +105,47 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
     assert answer["choices"][0]["token_ids"] == reference.tokens(second, 10)
+    # The puller read the prefix from the holder's segment and keeps a replica in its own (after
+    # its report, in the background): every object of the prefix has one replica in each.
+    layers = reference.model.config.num_layers
+    with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        wanted = sorted([_segment_of(store, holder), _segment_of(store, info["prefill"])])
+        names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
+        deadline = time.monotonic() + 10
+        while _replica_segments(store, names) != {name: wanted for name in names}:
+            assert time.monotonic() < deadline, _replica_segments(store, names)
+            time.sleep(0.05)
+    assert metric(url, "mooncake_decisions_total", reason="transfer") >= 1
+    assert metric(url, "mooncake_replicated_blocks_total") >= 5
+
+
+def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(cluster, reference):
+    runner, url, _ = cluster
+    shared = prompt(3 * BLOCK, seed=50)
+    first, second = shared + prompt(20, seed=51)[1:], shared + prompt(25, seed=52)[1:]
+    holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
+    answer = complete(url, prompt=second, max_tokens=6)
+    info = answer["mooncake"]
+    assert info["reason"] == "local_hit" and info["prefill"] == holder and info["prefix_tokens"] == 3 * BLOCK
+    assert answer["choices"][0]["token_ids"] == reference.tokens(second, 6)
+    # The holder put the prefix in its own segment only, and the hit moved nothing elsewhere.
+    layers = reference.model.config.num_layers
+    with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        mine = _segment_of(store, holder)
+        names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
+        assert _replica_segments(store, names) == {name: [mine] for name in names}
+    assert metric(url, "mooncake_decisions_total", reason="local_hit") >= 1
+
+
+def _segment_of(store, worker: str) -> str:
+    """The segment a prefill worker owns (its store client id starts with its name)."""
+    client = next(c for c in store.master.inspect("clients") if c["client_id"].startswith(f"{worker}-"))
+    return client["segments"][0]
+
+
+def _replica_segments(store, names: list[str]) -> dict[str, list[str]]:
+    return {name: sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
+            for name in names}
 
 
 def test_eight_concurrent_requests_each_match_the_reference(cluster, reference):
