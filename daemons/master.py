@@ -7,6 +7,11 @@ the table through which daemons on other hosts find the conductor (``cluster.*``
 :mod:`daemons.cluster.service_registry`). It never touches object bytes. Its tick evicts above the
 watermark and drops silent store clients.
 
+It publishes the store's KV events (replicas stored and removed, in vLLM's KV-event shape; see
+:mod:`store.events`) on a ZeroMQ PUB socket bound on ``bind_host:kv_events_port``, with vLLM's
+replay socket beside it on ``kv_events_replay_port``; both addresses are in its announce record,
+cluster.json and ``status`` as ``kv_events_address`` and ``kv_events_replay_address``.
+
 Started on its own (`mooncake start master`, :func:`run_master`) it may also serve Mooncake's
 HTTP metadata protocol (:mod:`transfer.metadata.http_backend`) from the same process, for
 transfer engines given ``metadata_server="http://host:port/metadata"``.
@@ -19,11 +24,13 @@ from typing import Any
 import yaml
 
 from daemons.base import Daemon
+from daemons.cluster.advertise import advertise_host
 from daemons.cluster.service_registry import ServiceTable
 from daemons.cluster.workdir import ClusterPaths
-from daemons.errors import MetadataServerUnavailable
+from daemons.errors import AddressNotReachable, MetadataServerUnavailable
 from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
+from store.events.publisher import KvEventPublisher
 from store.master_service import StoreService
 from transfer.metadata.http_backend import HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
@@ -39,6 +46,13 @@ class MasterDaemon(Daemon):
     http_metadata_url = ""  # the HTTP metadata server run beside it (run_master), if any
 
     def setup(self) -> None:
+        try:
+            host = advertise_host(self.config)
+        except AddressNotReachable:
+            host = ""  # bound on every interface and none named: say what was bound
+        # One publisher for the process: a leader's fresh state (HA) publishes on the same socket.
+        self.kv_events = KvEventPublisher(self.config.bind_host, self.config.kv_events_port,
+                                          self.config.kv_events_replay_port, host)
         if self.config.ha_backend == "etcd":
             self.election = start_election(self, self._install_state)
         else:
@@ -48,7 +62,7 @@ class MasterDaemon(Daemon):
         """Fresh, empty metadata and store state, its ops registered on ``server``."""
         self.segment_descriptors = MetadataTable()
         serve_metadata(server, self.segment_descriptors)
-        self.store = StoreService(self.config)
+        self.store = StoreService(self.config, self.kv_events)
         self.store.register(server)
         self.services = ServiceTable()
         self.services.register(server)
@@ -61,12 +75,16 @@ class MasterDaemon(Daemon):
             self.election.stop()
         if self.oplog is not None:
             self.oplog.stop()
+        if hasattr(self, "kv_events"):
+            self.kv_events.close()
 
     def describe(self) -> dict[str, Any]:
         ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}
         http = {"http_metadata_server": self.http_metadata_url} if self.http_metadata_url else {}
+        events = {"kv_events_address": self.kv_events.address,
+                  "kv_events_replay_address": self.kv_events.replay_address} if hasattr(self, "kv_events") else {}
         return {"num_segment_descriptors": len(self.segment_descriptors.names()),
-                **self.store.describe(), **ha, **http}
+                **self.store.describe(), **events, **ha, **http}
 
 
 def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: tuple[str, int] | None) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-BlockKey = int  # 128-bit unsigned; format_key() renders it for the store
+BlockKey = int  # 128-bit unsigned; format_key() renders it for the store, parse_key() reads it back
 
 _ROOT = b"\x00" * 16
 
@@ -47,3 +47,10 @@ def prefix_block_keys(token_ids: Sequence[int], block_size: int, *, seed: int = 
 def format_key(key: BlockKey) -> str:
     """The store object name of a block key: 32 lowercase hex digits."""
     return f"{key:032x}"
+
+
+def parse_key(text: str) -> BlockKey:
+    """The block key :func:`format_key` rendered; ValueError for anything else."""
+    if len(text) != 32 or text.strip("0123456789abcdef"):
+        raise ValueError(f"not a block key: {text[:40]!r}")
+    return int(text, 16)

@@ -19,6 +19,7 @@ from its own loop).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ import numpy as np
 import xxhash
 
 from store.disk_reader import DiskReader
-from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError
+from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError, ObjectNotFound
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
@@ -207,10 +208,15 @@ class StoreClient:
                 self.unregister_buffer(address)
         return [s if isinstance(s, MooncakeError) else buffers[i] for i, s in enumerate(sizes)]
 
-    def batch_get_into(self, keys: list[str], addresses: list[int],
-                       capacities: list[int]) -> list[int | MooncakeError]:
+    def batch_get_into(self, keys: list[str], addresses: list[int], capacities: list[int],
+                       segments: list[str | None] | None = None) -> list[int | MooncakeError]:
+        """``segments``: per key the segment id to read it from, None for any replica; a key
+        with no replica on its segment fails with ObjectNotFound (a prefill worker reading its
+        own cache, or pulling a prefix from the instance the conductor chose)."""
         asked = time.monotonic()
         lists = self.master.batch_get_replica_list(keys)
+        if segments is not None:
+            lists = [_on_segment(item, segment) for item, segment in zip(lists, segments)]
         return self._read(lists, {i: (a, c) for i, (a, c) in enumerate(zip(addresses, capacities))}, asked)
 
     def _read(self, lists: list, targets: dict[int, tuple[int, int]], asked: float) -> list[int | MooncakeError]:
@@ -337,6 +343,44 @@ class StoreClient:
                 pass  # the master abandoned it already (a source or target went)
             raise
 
+    def batch_copy_from(self, keys: list[str], addresses: list[int], sizes: list[int],
+                        segment_id: str) -> list[MooncakeError | None]:
+        """Give each complete object a replica on ``segment_id``, writing it from registered
+        memory that already holds its bytes (a prefill worker keeping a prefix it pulled or
+        recomputed: no second read). Per key None (it has a replica there now, maybe from
+        before) or the error that stopped it; ChecksumMismatch when the memory differs from the
+        object. Each copy is the master's copy_start/copy_end, so it is a real replica."""
+        if not len(keys) == len(addresses) == len(sizes):
+            raise InvalidParams("keys, addresses and sizes must have the same length")
+        return [self._copy_from(key, address, size, segment_id)
+                for key, address, size in zip(keys, addresses, sizes)]
+
+    def _copy_from(self, key: str, address: int, size: int, segment_id: str) -> MooncakeError | None:
+        try:
+            view = self.engine.buffer_at(address, max(size, 1))
+            _, targets, checksum = self.master.copy_start(key, [segment_id])
+        except MooncakeError as exc:
+            return exc
+        try:
+            error = None
+            if targets and targets[0].size != size:
+                error = InvalidParams(f"{key!r} has {targets[0].size} bytes, the memory {size}")
+            elif targets and self.config.checksum and checksum is not None and checksum_of(view[:size]) != checksum:
+                error = ChecksumMismatch(f"the memory to copy {key!r} from differs from the object")
+            elif targets:
+                error = next((e for e in self._move(OpCode.WRITE, [(address, t, size) for t in targets])
+                              if e is not None), None)
+            if error is None:
+                self.master.copy_end(key)
+                return None
+        except MooncakeError as exc:
+            error = exc
+        try:
+            self.master.copy_revoke(key)
+        except MooncakeError:
+            pass  # the master abandoned it already (a source or target went)
+        return error
+
     def _copy_through(self, sources: list[ReplicaDescriptor], targets: list[ReplicaDescriptor],
                       checksum: int | None) -> MooncakeError | None:
         size = targets[0].size
@@ -377,6 +421,16 @@ class StoreClient:
     def get_replicas(self, key: str) -> ReplicaList:
         """Where ``key`` lives; like a get, this takes a read lease on it."""
         return self.master.get_replica_list(key)
+
+
+def _on_segment(item: ReplicaList | MooncakeError, segment_id: str | None) -> ReplicaList | MooncakeError:
+    """``item`` with only its replicas on ``segment_id`` (all of them for None)."""
+    if segment_id is None or isinstance(item, MooncakeError):
+        return item
+    replicas = [r for r in item.replicas if r.segment_id == segment_id]
+    if not replicas:
+        return ObjectNotFound(f"{item.key!r} has no replica on segment {segment_id!r}")
+    return dataclasses.replace(item, replicas=replicas)
 
 
 def _transfer_error(status: TransferStatus) -> MooncakeError:

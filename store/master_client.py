@@ -77,6 +77,15 @@ class MasterClient:
     def inspect(self, what: str = "counters", key: str | None = None) -> Any:
         return self._call("inspect", what=what, **({"key": key} if key is not None else {}))
 
+    # -- KV events (store.events) ----------------------------------------------------------------
+    def kv_events(self) -> dict:
+        """{address, replay_address, epoch, sequence} of the master's KV-event publisher."""
+        return self._call("kv_events")
+
+    def kv_snapshot(self) -> dict:
+        """kv_events' answer plus ``blocks``: every complete memory replica as [key, segment]."""
+        return self._call("kv_snapshot")
+
     # -- the SSD tier ---------------------------------------------------------------------------
     def add_disk_replica(self, key: str, segment_id: str, address: int, checksum: int) -> None:
         self._call("add_disk_replica", client_id=self.client_id, key=key, segment_id=segment_id,

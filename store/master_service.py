@@ -26,10 +26,23 @@ Ops (args -> result; errors are the typed store errors):
                                             -> {accepted, rejected, disk_rejected}
     store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
     store.inspect                           {what: counters|segments|objects|clients|key, key?}
+    store.kv_events                         {}  -> {address, replay_address, epoch, sequence}
+    store.kv_snapshot                       {}  -> {address, replay_address, epoch, sequence,
+                                                    blocks: [[key, segment_id]]}
 
 A batch item is ``{"ok": value}`` or ``{"error": {...}}`` (see :mod:`store.wire`). The handlers
 run on the RPC I/O thread: each holds the lock for microseconds, and skipping the pool's hand-off
 is what keeps a 4 KiB put near one round trip per phase.
+
+KV events: the events an op recorded (:mod:`store.events.recorder`) are taken from the state at
+the end of the op and handed to the publisher (:mod:`store.events.publisher`) before the lock is
+released: a deque append, no system call, and the lock is what keeps two threads' (the I/O
+thread's, the tick's) events in the order they happened. Encoding and sending happen on the
+publisher's thread. ``store.kv_snapshot`` reads every complete memory replica as (key, segment)
+under the lock, marks that point in the event stream and, off the lock, waits (a few ms) for the
+sequence number of the last batch before the mark: a subscriber that missed a batch rebuilds its
+view from the snapshot and follows the batches after that number. ``store.kv_events`` is its
+cheap half (no blocks, the last batch sent), for subscribers that poll for gaps.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from collections.abc import Callable
 
 from store import views
 from store.errors import InvalidParams
+from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
 from store.objects import ClientStatus
 from store.policy import StorePolicy
@@ -55,18 +69,27 @@ log = logging.getLogger(__name__)
 
 
 class StoreService:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, publisher: KvEventPublisher | None = None) -> None:
         self.state = MasterState(StorePolicy.from_config(config))
         self.lock = threading.Lock()
+        self.publisher = publisher  # None: events are recorded and dropped
+        # A fresh state holds nothing: whoever followed an earlier one (a deposed or replaced
+        # leader's, in this process) forgets what it listed.
+        with self.lock:
+            self.state.kv_events.cleared_since(0)
+            self._hand_over_events()
 
     def register(self, server: RpcServer) -> None:
         for op, handler in self._ops().items():
             server.register(f"store.{op}", self._locked(handler))
+        # It waits for the publisher's thread: off the I/O thread.
+        server.register("store.kv_snapshot", self._kv_snapshot, blocking=True)
 
     def tick(self, now: float) -> None:
         with self.lock:
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
+            self._hand_over_events()
         if evicted:
             log.info("evicted %d objects", len(evicted))
         for client_id in expired:
@@ -79,8 +102,33 @@ class StoreService:
     def _locked(self, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
         def run(request: Request) -> Any:
             with self.lock:
-                return handler(request.args, time.monotonic())
+                try:
+                    return handler(request.args, time.monotonic())
+                finally:  # an op that failed half way may have changed something
+                    self._hand_over_events()
         return run
+
+    def _hand_over_events(self) -> None:
+        """Under the lock: what the state recorded since the last call, to the publisher."""
+        events = self.state.kv_events.take()
+        if events and self.publisher is not None:
+            self.publisher.publish(events)
+
+    def _kv_events(self, args: dict, now: float) -> dict:
+        p = self.publisher
+        if p is None:
+            return {"address": "", "replay_address": "", "epoch": "", "sequence": -1}
+        return {"address": p.address, "replay_address": p.replay_address, "epoch": p.epoch,
+                "sequence": p.last_sequence}
+
+    def _kv_snapshot(self, request: Request) -> dict:
+        with self.lock:
+            self._hand_over_events()  # e.g. an op-log replay's, recorded outside any op
+            blocks = [[obj.key, r.segment_id] for obj in self.state.objects.values() if obj.complete
+                      for r in obj.replicas if r.in_memory]
+            mark = self.publisher.mark() if self.publisher is not None else None
+        info = self._kv_events(request.args, 0.0)
+        return {**info, "sequence": mark.wait(timeout=5.0) if mark is not None else -1, "blocks": blocks}
 
     def _ops(self) -> dict[str, Callable[[dict, float], Any]]:
         s = self.state
@@ -132,6 +180,7 @@ class StoreService:
             "remount": self._remount,
             "ping": self._ping,
             "inspect": self._inspect,
+            "kv_events": self._kv_events,
         }
 
     def _remount(self, args: dict, now: float) -> dict:

@@ -13,6 +13,9 @@ Lifecycle of an object::
 
 Errors are the typed ones of :mod:`store.errors`; batch forms return, per item, either the result
 or the error instance (never raise for one bad item).
+
+Every complete memory replica that appears or goes is recorded in ``kv_events``
+(:mod:`store.events.recorder`), which the store service drains after each call and publishes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from store.events.recorder import EventLog
 from store.errors import (IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle,
                           ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady)
 from store.eviction import eviction_candidates
@@ -54,6 +58,8 @@ class MasterState(Membership, Tiering, Replication):
         # offload_policy "evicted": eviction victims handed to their segment's owner to copy to
         # disk, by key, with the time after which they are freed (and lost) without that copy.
         self.offload_pending: dict[str, float] = {}
+        # KV events (replicas stored / removed) the service has not published yet.
+        self.kv_events = EventLog()
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,
@@ -102,6 +108,7 @@ class MasterState(Membership, Tiering, Replication):
         for replica in obj.replicas:
             replica.status = ReplicaStatus.PROCESSING
             self.journal.gone(replica.segment_id, key, replica.address)  # being overwritten
+            self.kv_events.removed(key, replica.segment_id)
         self.objects[key] = obj
         self.stats.num_put_starts += 1
         return self._describe(obj)
@@ -120,6 +127,7 @@ class MasterState(Membership, Tiering, Replication):
             replica.status = ReplicaStatus.COMPLETE
             self.journal.completed(replica.segment_id, key, replica.address, obj.size, checksum,
                                    obj.hard_pinned)
+            self.kv_events.stored(key, replica.segment_id)
         obj.checksum = checksum
         obj.last_access = now
         if obj.soft_pin_ttl is not None:
@@ -215,10 +223,14 @@ class MasterState(Membership, Tiering, Replication):
         return [_attempt(self.remove, k, now, force) for k in keys]
 
     def remove_all(self, now: float, force: bool = False) -> int:
-        """Remove every complete object with no lease (every complete one when forced)."""
+        """Remove every complete object with no lease (every complete one when forced). When no
+        complete memory replica is left, one AllBlocksCleared event replaces the removals."""
         doomed = [o for o in self.objects.values() if o.complete and (force or not o.leased(now))]
+        mark = self.kv_events.mark()
         for obj in doomed:
             self._drop(obj)
+        if not any(r.in_memory for o in self.objects.values() if o.complete for r in o.replicas):
+            self.kv_events.cleared_since(mark)
         self.stats.num_removed += len(doomed)
         return len(doomed)
 
@@ -427,6 +439,8 @@ class MasterState(Membership, Tiering, Replication):
         if replica.in_memory:
             self.segments[replica.segment_id].allocator.free(replica.address)
             self.journal.gone(replica.segment_id, key, replica.address)
+            if replica.status is ReplicaStatus.COMPLETE:  # readers knew of it
+                self.kv_events.removed(key, replica.segment_id)
         else:
             self.journal.disk_gone(replica.segment_id, key)
 

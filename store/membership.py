@@ -8,7 +8,7 @@ client calls :meth:`remount` with its segments and the complete objects they sti
 master takes those objects back, so a restart loses no object whose segment is alive.
 
 Mixed into :class:`store.master_state.MasterState`, whose state (``segments``, ``clients``,
-``objects``, ``lru``, ``stats``, ``policy``) and object helpers it uses.
+``objects``, ``lru``, ``stats``, ``policy``, ``kv_events``) and object helpers it uses.
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ class Membership:
             self.lru[report.key] = None
         else:
             obj.replicas.append(replica)
+        self.kv_events.stored(report.key, report.segment_id)
         self.stats.num_adopted += 1
         return True
 
@@ -168,6 +169,8 @@ class Membership:
         lost = []
         # A dead client's disk replicas go with its segment, like its memory ones.
         for obj in [o for o in self.objects.values() if any(r.segment_id == segment.segment_id for r in o.replicas)]:
+            if obj.complete and any(r.in_memory and r.segment_id == segment.segment_id for r in obj.replicas):
+                self.kv_events.removed(obj.key, segment.segment_id)
             obj.replicas = [r for r in obj.replicas if r.segment_id != segment.segment_id]
             if not obj.replicas:
                 del self.objects[obj.key]

@@ -15,7 +15,8 @@ key overwritten) fails the copy, so bytes read from a range that may have been r
 published. A move still refuses (OBJECT_HAS_LEASE) to drop a replica some reader's lease may be
 copying from; the copier retries once the lease has run out.
 
-Mixed into :class:`store.master_state.MasterState` (its segments, objects, journal, stats).
+Mixed into :class:`store.master_state.MasterState` (its segments, objects, journal, kv_events,
+stats).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Replication:
             replica.status = ReplicaStatus.COMPLETE
             self.journal.completed(replica.segment_id, key, replica.address, obj.size, obj.checksum,
                                    obj.hard_pinned)
+            self.kv_events.stored(key, replica.segment_id)
         obj.replicas.extend(obj.copying)
         obj.copying, obj.copying_owner, obj.copy_sources = [], "", []
         if drop_segment:

@@ -91,6 +91,7 @@ class Tiering:
         obj.disk_reads = 0
         self.journal.completed(replica.segment_id, key, replica.address, obj.size, obj.checksum,
                                obj.hard_pinned)
+        self.kv_events.stored(key, replica.segment_id)
         self.lru[key] = None
         self.stats.num_promoted += 1
 

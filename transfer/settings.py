@@ -319,6 +319,12 @@ SETTINGS: tuple[Setting, ...] = (
        "What the SSD tier copies: evicted objects (the master hands them to their owner before "
        "freeing them), or all objects as they complete.",
        choices=("evicted", "all")),
+    _s("store", "kv_events_port", "int", 0,
+       "Port of the master's KV-event PUB socket on bind_host (vLLM's KV-event shape; 0: any "
+       "free one). Its address is announced as kv_events_address.", minimum=0),
+    _s("store", "kv_events_replay_port", "int", 0,
+       "Port of the master's KV-event replay ROUTER socket on bind_host (0: any free one).",
+       minimum=0),
     # model: the torch model the prefill and decode workers run
     _s("model", "model_dir", "path", "",
        "Local Llama checkpoint (config.json + *.safetensors); empty: the tiny random model."),
@@ -338,10 +344,17 @@ SETTINGS: tuple[Setting, ...] = (
     # serving: the conductor daemon, its HTTP front end and the P/D workers
     _s("serving", "prefill_workers", "int", 1,
        "Prefill workers `mooncake up` starts (after the conductor).", minimum=0),
+    _s("serving", "prefill_segment_size", "size", 256 * 2**20,
+       "Bytes of memory each prefill worker contributes to the store as its own segment: its "
+       "instance-local KV cache, where it puts the blocks it computes and keeps those it pulls; "
+       "0: it puts them in the shared pool.", minimum=0),
     _s("serving", "decode_workers", "int", 1,
        "Decode workers `mooncake up` starts (after the prefill workers).", minimum=0),
     _s("serving", "http_port", "int", 0,
        "Port of the conductor's HTTP front end on bind_host (0: any free one).", minimum=0),
+    _s("serving", "index_max_blocks", "int", 1_000_000,
+       "Blocks the conductor's cache index keeps at most; the least recently matched or "
+       "stored go first.", minimum=1),
     _s("serving", "http_max_body", "size", 2**20,
        "Largest HTTP request body the front end reads; larger ones get 400.", minimum=64),
     _s("serving", "request_timeout", "duration", 60.0,

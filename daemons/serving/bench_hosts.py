@@ -145,7 +145,7 @@ def cluster_settings(policy: str, block_tokens: int, request_timeout: float) -> 
     would average different subsets, and one pessimistic start-up profile of the single decode
     worker could reject every request, so that no decode sample ever corrects it."""
     return {"schedule_policy": policy, "kv_block_tokens": block_tokens, "kv_cache_size": "64MiB",
-            "segment_size": "64MiB", "ttft_slo": 0, "tbt_slo": 0, "worker_timeout": "5s",
+            "segment_size": "64MiB", "prefill_segment_size": "64MiB", "ttft_slo": 0, "tbt_slo": 0, "worker_timeout": "5s",
             "request_timeout": f"{request_timeout}s", "rpc_timeout": "5s", "prefill_workers": 0,
             "decode_workers": 0, "store_clients": 0}
 
@@ -258,7 +258,7 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                                  [out for _, _, out in requests])
         config = resolve(cluster_settings(policies[0], block_tokens, request_timeout), environ={})
         base = SchedulerConfig.from_config(config)
-        cache_tokens = config.segment_size // costs["kv_bytes_per_token"]
+        cache_tokens = config.prefill_segment_size // costs["kv_bytes_per_token"]
         decode_tokens = config.kv_cache_size // costs["kv_bytes_per_token"]
         for policy in policies:
             rows[policy]["sim"] = simulate_policy(sim_slice, base.with_(policy=policy), num_hosts, costs,

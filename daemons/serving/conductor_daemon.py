@@ -5,8 +5,11 @@ RPC operations the workers call (see :mod:`daemons.serving.service` for what eac
     conductor.heartbeat     {"name", "role", "address", "kv_capacity_tokens", ...load}
     conductor.prefill_done  a prefill worker's report (daemons.workers.prefill)
     conductor.tokens        a decode worker's step (daemons.workers.decode)
+    conductor.index         {} -> sizes of the cache index and where its KV-event stream stands
 
-Its tick drops workers whose heartbeats stopped. The HTTP front end (``http_port``, 0: any free
+Its tick drops workers whose heartbeats stopped. A thread it owns follows the master's KV events
+into the cache index (:mod:`daemons.serving.kv_events`); the master is ``--master`` or the one
+announced in the workdir. The HTTP front end (``http_port``, 0: any free
 port) is announced as ``http_address`` in its announce record and cluster.json, which is how
 `mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
 size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
@@ -19,6 +22,7 @@ are all it needs to check prompts.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,13 @@ from typing import Any
 from daemons.base import Daemon
 from daemons.cluster.advertise import advertise_host, advertised
 from daemons.cluster.service_registry import ServiceRegistration
+from daemons.cluster.workdir import read_json
 from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
 from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.kv_events import KvEventSubscriber
 from daemons.serving.service import ServingService
+
+log = logging.getLogger(__name__)
 
 
 def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
@@ -43,6 +51,7 @@ class ConductorDaemon(Daemon):
     tick_interval = 0.1
 
     registration = None  # with --master: our record kept registered there
+    kv_events = None  # the thread following the master's KV events into the cache index
 
     def setup(self) -> None:
         self.service = ServingService(self.config)
@@ -50,6 +59,12 @@ class ConductorDaemon(Daemon):
         # A late report frees an orphan's decode pages with a call to the worker: off the I/O thread.
         self.server.register("conductor.prefill_done", self.service.prefill_done, blocking=True)
         self.server.register("conductor.tokens", self.service.tokens)
+        self.server.register("conductor.index", self._index)
+        master = self.config.master or (read_json(self.paths.announce_file("master")) or {}).get("address")
+        if master:
+            self.kv_events = KvEventSubscriber(master, self.service, self.config.rpc_timeout).start()
+        else:
+            log.warning("no master to follow: the cache index stays empty")
         tokenizer = build_tokenizer(self.config)
         self.http = FrontEnd(self.config.bind_host, self.config.http_port, self.service, tokenizer,
                              vocab_size(self.config, tokenizer), self.config.http_max_body,
@@ -71,11 +86,17 @@ class ConductorDaemon(Daemon):
             self.registration.tick(now)
 
     def teardown(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         if self.registration is not None:
             self.registration.close()
         if hasattr(self, "http"):
             self.http.shutdown()
             self.http.server_close()
+
+    def _index(self, request: Any) -> dict[str, Any]:
+        events = self.kv_events.stats() if self.kv_events is not None else {}
+        return {**self.service.index_view(), "kv_events": events}
 
     def describe(self) -> dict[str, Any]:
         if not hasattr(self, "http"):

@@ -43,15 +43,20 @@ class PrefillJob:
     load_blocks: int  # leading prompt blocks to load from the store instead of computing
     store: bool  # put the prompt's new full blocks in the store
     decode: KvTarget
+    local_blocks: int = 0  # of load_blocks, the leading ones to read from the worker's own segment
+    source_segment: str | None = None  # where blocks [local_blocks, load_blocks) are; None: anywhere
+    replicate: bool = False  # keep a replica of those pulled blocks in the worker's own segment
 
     def to_wire(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "token_ids": self.token_ids, "load_blocks": self.load_blocks,
-                "store": self.store, "decode": self.decode.to_wire()}
+                "store": self.store, "decode": self.decode.to_wire(), "local_blocks": self.local_blocks,
+                "source_segment": self.source_segment, "replicate": self.replicate}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> PrefillJob:
         return cls(message["request_id"], message["token_ids"], message["load_blocks"], message["store"],
-                   KvTarget.from_wire(message["decode"]))
+                   KvTarget.from_wire(message["decode"]), message.get("local_blocks", 0),
+                   message.get("source_segment"), message.get("replicate", False))
 
 
 @dataclass
@@ -76,10 +81,15 @@ class PrefillReport:
     error: str | None = None
     first_token: int | None = None
     loaded_blocks: int | None = None  # prefix blocks loaded from the store
-    stored_blocks: int | None = None  # leading prompt blocks in the store once the job ended
+    # Leading prompt blocks the worker holds in its own segment or is putting there (puts end
+    # after the report, off the TTFT path).
+    stored_blocks: int | None = None
     kv_bytes: int | None = None  # bytes written into the decode worker's pages
     pipelined: bool | None = None  # a CPP group: whether its stages pipelined the prompt
     timings: PrefillTimings | None = None
+    # Pulled blocks the worker is keeping a replica of in its own segment (hot-block replication;
+    # the copies finish after the report).
+    replicated_blocks: int | None = None
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> PrefillReport:

@@ -4,8 +4,10 @@ One request's life, driven by the thread that serves it (:meth:`ServingService.g
 
     submit:  schedule (the scheduler/ policy: prefill + decode pair, or early rejection -> 429)
              -> decode.reserve (pages for prompt + max_tokens on the planned decode worker)
-             -> prefill.run (queued on the prefill worker; it loads the prefix from the store,
-                computes the rest, stores new blocks and writes the KV into the reserved pages)
+             -> prefill.run (queued on the prefill worker; it loads the prefix from its own
+                segment and, for a transfer, from the holder's segment, computes the rest and
+                writes each layer's KV into the reserved pages as it is computed; it reports
+                once the last layer is written, and stores new blocks in the background)
     run:     wait for conductor.prefill_done -> admit_decode -> first token (TTFT)
              -> decode.start -> one conductor.tokens event per step until the request finishes
 
@@ -13,6 +15,11 @@ Worker reports arrive as RPCs and only land in the request's event queue, so all
 request happen on its own thread. Liveness is heartbeats: a worker silent for ``worker_timeout``
 (or one that fails a call) is removed from the policy, and every request it was serving gets an
 error event at once instead of waiting out its deadline.
+
+Which blocks each prefill instance (or the pool) holds comes only from the master's KV events:
+the conductor daemon's :class:`daemons.serving.kv_events.KvEventSubscriber` applies them through
+:meth:`ServingService.apply_kv_events` / :meth:`rebuild_kv_index`, mapping each store segment to
+the prefill worker whose heartbeat announces it (``segment``; any other segment is the pool).
 
 A worker's heartbeat carries the costs it measured at start (``calibration``); the conductor plans
 with them from the worker's first beat (:meth:`Conductor.install_calibration`) and `/metrics`
@@ -38,10 +45,12 @@ from collections.abc import Iterator
 from daemons.model import KVCacheFull
 from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
+from daemons.serving.kv_events import IndexFollower
 from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport, WorkerCalibration
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import prefix_block_keys
+from scheduler.cache_index import CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.errors import NoInstances
@@ -57,7 +66,8 @@ class ServingService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.sched = SchedulerConfig.from_config(config)
-        self.conductor = Conductor(self.sched)
+        self.conductor = Conductor(self.sched, index=CacheIndex(config.index_max_blocks))
+        self.index_follower = IndexFollower(self.conductor.index)
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.flights: dict[str, Flight] = {}
@@ -160,15 +170,22 @@ class ServingService:
                 raise Rejected(f"rejected early ({decision.reason}): predicted TTFT "
                                f"{decision.predicted_ttft:.3f}s, decode load {decision.decode_load:.2f}",
                                decision.reason, max(1, math.ceil(decision.predicted_queue)))
+            self.metrics.count("mooncake_decisions_total", reason=decision.reason)
             flight = Flight(request_id, request, keys, decision, now, now + self.config.request_timeout)
             self.flights[request_id] = flight
             prefill, decode = self.workers[decision.prefill_id], self.workers[decision.decode_id]
+            # Where the pulled blocks are: the holder's own segment (the pool or a worker
+            # without one: any replica).
+            holder = self.workers.get(decision.transfer_from or "")
+            source_segment = holder.load.get("segment") if holder is not None else None
+        block = self.sched.block_tokens
         try:
             flight.reservation = KvTarget.from_wire(decode.client.call("decode.reserve", {
                 "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens}))
             prefill.client.call("prefill.run", PrefillJob(
-                request_id, request.token_ids, decision.prefix_tokens // self.sched.block_tokens,
-                request.prefix_reuse, flight.reservation).to_wire())
+                request_id, request.token_ids, decision.prefix_tokens // block,
+                request.prefix_reuse, flight.reservation, local_blocks=decision.local_tokens // block,
+                source_segment=source_segment, replicate=decision.transfer_tokens > 0).to_wire())
         except KVCacheFull as exc:
             self._finish(flight)
             self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
@@ -222,12 +239,11 @@ class ServingService:
                 transfer_seconds=timings.load if decision.transfer_tokens else None)
             self.conductor.observe_prefill(len(flight.request.token_ids), report.loaded_blocks * size,
                                            timings.compute, decision.prefill_id)
-            if report.stored_blocks:
-                self.conductor.blocks_stored(decision.prefill_id, flight.keys[:report.stored_blocks])
             admitted = self.conductor.admit_decode(flight.request_id, now)
         self.metrics.observe_ttft(flight.ttft)
         self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
         self.metrics.count("mooncake_prefix_hit_tokens_total", report.loaded_blocks * size)
+        self.metrics.count("mooncake_replicated_blocks_total", report.replicated_blocks or 0)
         if admitted != decision.decode_id:
             # The KV sits in the planned instance's pages; elsewhere it would have to move again.
             self.metrics.count("mooncake_rejections_total", reason=REJECT_DECODE)
@@ -278,6 +294,36 @@ class ServingService:
             decode.client.call("decode.release", {"request_id": flight.request_id})
         except MooncakeError as exc:
             log.warning("could not free decode pages of %s on %s: %s", flight.request_id, decode.name, exc)
+
+    # -- the cache index, from the master's KV events (daemons.serving.kv_events) ----------------
+
+    def apply_kv_events(self, events: list) -> bool:
+        """Apply one batch; False, applying nothing, when the segment map changed: rebuild."""
+        with self.lock:
+            if not self.index_follower.current(self._segment_locations()):
+                return False
+            self.index_follower.apply(events)
+            return True
+
+    def rebuild_kv_index(self, replicas: list[tuple[str, str]]) -> None:
+        with self.lock:
+            self.index_follower.rebuild(replicas, self._segment_locations())
+
+    def kv_index_current(self) -> bool:
+        with self.lock:
+            return self.index_follower.current(self._segment_locations())
+
+    def index_view(self) -> dict[str, Any]:
+        """Sizes of the cache index (the conductor.index op)."""
+        with self.lock:
+            index = self.conductor.index
+            return {"blocks": index.num_keys(), "locations": index.sizes(), "max_blocks": index.max_blocks,
+                    "dropped": index.num_dropped}
+
+    def _segment_locations(self) -> dict[str, str]:
+        """Store segment -> the prefill worker that announces it; under the lock."""
+        return {w.load["segment"]: w.name for w in self.workers.values()
+                if w.role == "prefill" and isinstance(w.load.get("segment"), str)}
 
     # -- what the front end shows ----------------------------------------------------------------
 

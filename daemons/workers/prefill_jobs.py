@@ -4,16 +4,17 @@ Operation ``prefill.run`` (from the conductor) queues one job (a PrefillJob of
 :mod:`daemons.serving.messages`) and answers at once::
 
     {"request_id", "token_ids": [int], "load_blocks": int, "store": bool,
-     "decode": {"segment", "kv_address", "block_ids"}}
+     "decode": {"segment", "kv_address", "block_ids"},
+     "local_blocks": int, "source_segment": str | None, "replicate": bool}
 
 One thread takes jobs in order, runs :meth:`PrefillJobsDaemon.prefill` on each and reports
 ``conductor.prefill_done`` (a PrefillReport)::
 
     {"request_id", "ok", "error", "first_token", "loaded_blocks", "stored_blocks",
-     "kv_bytes", "timings": {"queue", "load", "compute", "store", "transfer"}}
+     "replicated_blocks", "kv_bytes", "timings": {"queue", "load", "compute", "store", "transfer"}}
 
-``stored_blocks`` counts the leading prompt blocks in the store once the job ends (loaded or put);
-the conductor records them as cached at this instance. A plain worker
+``stored_blocks`` counts the leading prompt blocks the instance holds or is still putting when it
+reports (its puts end after the report); the conductor records them as cached at this instance. A plain worker
 (:mod:`daemons.workers.prefill`) and a CPP group (:mod:`daemons.workers.cpp.group_worker`) differ
 only in how they prefill.
 """

@@ -37,3 +37,15 @@ def test_chain_is_the_fold_of_hash_block_and_renders_as_32_hex_digits():
     second = hash_block(first, TOKENS[16:32])
     assert prefix_block_keys(TOKENS[:32], 16) == [first, second]
     assert len(format_key(first)) == 32 and int(format_key(first), 16) == first
+
+
+def test_parse_key_reads_back_format_key_and_refuses_anything_else():
+    import pytest
+
+    from scheduler.block_hash import format_key, parse_key
+
+    key = (1 << 127) + 0xabc
+    assert parse_key(format_key(key)) == key and parse_key(format_key(7)) == 7
+    for bad in ("", "x" * 32, format_key(key).upper(), format_key(key) + "0", "-1".rjust(32, "0")):
+        with pytest.raises(ValueError):
+            parse_key(bad)

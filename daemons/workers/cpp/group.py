@@ -5,9 +5,11 @@ The group starts the stages (``daemons.workers.cpp.stage``), wires stage k's out
 ``prefill_chunk`` new tokens goes to every stage as a pipelined job, a shorter one to stage 0
 alone. A job runs in two rounds: each stage loads the cached prefix of its layers and says how
 many blocks it has; the group starts every stage from the fewest, so all compute from the same
-token. Each stage answers when its share is computed, written to the decode worker and stored;
-the group's answer is TTFT (job sent to logits ready on the last stage) and when the last stage
-finished storing.
+token. Each stage writes each of its layers into the decode worker's pages as soon as the layer
+is computed, and answers when its share is computed, written to the decode worker and (unless
+the caller does not wait for the store, as the serving group does) stored. The group's answer
+is TTFT (job sent to logits ready on the last stage and, with a decode target, every layer in
+decode's pages) and when the last stage finished storing.
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ class PrefillGroup:
             raise StageFailed(f"stage {k} exited (code {self.procs[k].exitcode})") from None
 
     def prefill(self, token_ids: list[int], *, load_blocks: int = 0, decode: dict | None = None,
-                store: str = "none", want_kv: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+                store: str = "none", want_kv: bool = False, wait_store: bool = True,
+                timeout: float = 600.0) -> dict[str, Any]:
         """Prefill one prompt, loading up to ``load_blocks`` prefix blocks from the store and
-        writing the KV into ``decode``'s pages; {"first_token", "logits", "ttft", "done",
+        writing the KV into ``decode``'s pages; without ``wait_store`` it returns once the KV is
+        there and the puts end in the background. {"first_token", "logits", "ttft", "done",
         "pipelined", "loaded_blocks", "stored_blocks", "kv_bytes", "timings", "stages": [...]}."""
         size = self.config.kv_block_tokens
         planned = reusable_blocks(len(token_ids), size, load_blocks) * size
@@ -89,7 +93,7 @@ class PrefillGroup:
         sent = time.monotonic()
         for k in targets:
             self.jobs[k].send({"token_ids": token_ids, "pipelined": pipelined, "store": store, "want_kv": want_kv,
-                               "load_blocks": load_blocks, "decode": decode})
+                               "wait_store": wait_store, "load_blocks": load_blocks, "decode": decode})
         loads = self._round(targets, timeout, abort=True)
         hit = min(a["loaded"] for a in loads)
         began = time.monotonic()
@@ -99,8 +103,11 @@ class PrefillGroup:
         last = answers[-1]
         logits = np.frombuffer(last["logits"], dtype=np.float32)
         stored = min(a["stored"] for a in answers) if store != "none" else 0
+        # TTFT as the served path sees it: the first token known and, with ``decode``, every
+        # stage's layers in the decode worker's pages (store puts may still run).
+        ready = max([last["logits_at"], *(a["sent_at"] for a in answers)]) if decode else last["logits_at"]
         return {"first_token": int(logits.argmax()), "logits": logits, "pipelined": pipelined,
-                "ttft": last["logits_at"] - sent, "done": max(a["done_at"] for a in answers) - sent,
+                "ttft": ready - sent, "done": max(a["done_at"] for a in answers) - sent,
                 "loaded_blocks": hit, "stored_blocks": hit + stored, "kv_bytes": sum(a["kv_bytes"] for a in answers),
                 "timings": {"load": began - sent, "compute": last["logits_at"] - began,
                             "transfer": max(a["transfer"] for a in answers),

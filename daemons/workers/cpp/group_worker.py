@@ -5,8 +5,9 @@ heartbeat says ``group_size`` and ``prefill_chunk``, so the conductor plans it w
 model), takes ``prefill.run`` jobs like a plain worker, and runs each on its stage processes
 (:class:`daemons.workers.cpp.group.PrefillGroup`), which it starts and stops with itself. The stages do
 the work: each loads its layers of the cached prefix from the store, computes its layers over
-the prompt's chunks, stores its layers' new blocks, and writes its layers' slice of every page
-into the decode worker's reserved pages. The KV never passes through this process or through
+the prompt's chunks, writes each of its layers' slice of every page into the decode worker's
+reserved pages as soon as the layer is computed, and stores its layers' new blocks (the group
+reports once the KV is in decode's pages; the puts end in the background). The KV never passes through this process or through
 another stage, so no stage waits on a gather and the decode worker's pages fill from X senders
 at once.
 """
@@ -39,7 +40,7 @@ class PrefillGroupDaemon(PrefillJobsDaemon):
     def prefill(self, job: Job) -> PrefillReport:
         spec = job.request
         result = self.group.prefill(spec.token_ids, load_blocks=spec.load_blocks, decode=spec.decode.to_wire(),
-                                    store="layer" if spec.store else "none",
+                                    store="layer" if spec.store else "none", wait_store=False,
                                     timeout=self.config.request_timeout)
         return PrefillReport(spec.request_id, True, first_token=result["first_token"],
                              loaded_blocks=result["loaded_blocks"], stored_blocks=result["stored_blocks"],

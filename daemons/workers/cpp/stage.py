@@ -4,12 +4,12 @@ Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in orde
 
     -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
     <- {"engine", "inbox"} | None    the next stage's (None on the last stage)
-    <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv",
+    <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv", "wait_store",
             "load_blocks", "decode": {"segment", "kv_address", "block_ids"} | None}
     -> {"ok", "error", "loaded", "load_s"}   leading prefix blocks now in this stage's layers
     <- start | None                  tokens every stage holds (the group's least "loaded"
                                      blocks); None: another stage failed, drop the job
-    -> {"ok", "error", "logits", "logits_at", "done_at", "compute", "store_tail", "stored",
+    -> {"ok", "error", "logits", "logits_at", "sent_at", "done_at", "compute", "store_tail", "stored",
         "transfer", "kv_bytes", "kv"}
     <- None                          stop
 
@@ -20,7 +20,11 @@ computing starts, and a prefix that left the store mid-pipeline would strand the
 KV of the stage's own layers goes to the store layer by layer while later layers compute
 ("layer"), or all of it after the last layer ("end"), which is the comparison `mooncake bench
 prefill` makes; and, with "decode", into the decode worker's reserved pages (this stage's layers
-of each page). Stamps are ``time.monotonic()``, which is one clock for every process on the host.
+of each page), each layer as soon as its last chunk is computed, while the next layer computes.
+With "wait_store" (default) a stage answers once its puts ended ("stored" counts the leading new
+blocks that went in); without it (the serving group) it answers once its KV is in decode's
+pages, "stored" counts the new blocks being put, and the job's pages are freed when they end.
+Stamps are ``time.monotonic()``, which is one clock for every process on the host.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from typing import Any
 import torch
 
 from daemons.workers.cpp.link import Inbox, Outbox
-from daemons.workers.kv_sender import send_pages
-from daemons.model import (BlockManager, KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
+from daemons.workers.kv_sender import KvSender
+from daemons.workers.prefill_pages import PrefillPages
+from daemons.model import (KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
 from daemons.serving.errors import PrefixLost
 from daemons.workers.prefix_store import PrefixStore
@@ -57,7 +62,7 @@ class Stage:
         # Stage 0 runs short prompts alone, so it keeps every layer (the others drop theirs).
         self.whole = (StageRunner(StageModel(model, 0, model.config.num_layers), self.runner.kv_cache)
                       if index == 0 else None)
-        self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
+        self.pages = PrefillPages(self.layout.num_blocks, self.layout.block_size)
         self.engine = TransferEngine(metadata="P2PHANDSHAKE", options=EngineOptions.from_config(config))
         self.chunk = config.prefill_chunk
         # A chunk is prefill_chunk rounded up to whole blocks (chunk_bounds), even when that
@@ -68,7 +73,7 @@ class Stage:
                             model.config.torch_dtype, config.rpc_timeout) if prev is not None else None)
         self.next_conn = next_
         self.outbox: Outbox | None = None
-        self.store = self.prefix = None
+        self.store = self.prefix = self.sender = None
         self.kv_address = 0
         self.seq: Sequence | None = None  # the job between its load and its run
         self.job: dict = {}
@@ -87,6 +92,7 @@ class Stage:
             self.store = connect_to(self.config, *with_store) if isinstance(with_store, tuple) else connect(self.config)
             self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())
             self.prefix = PrefixStore(self.store, self.layout, self.kv_address)
+            self.sender = KvSender(self.store.engine, self.layout, self.kv_address)
 
     def inbox_row_bytes(self) -> int:
         config = self.runner.stage.config
@@ -94,6 +100,7 @@ class Stage:
 
     def close(self) -> None:
         if self.prefix is not None:
+            self.sender.close()
             self.prefix.close()
             self.store.close()
         self.engine.close()
@@ -102,7 +109,7 @@ class Stage:
         """Take the job's pages and load its cached prefix into this stage's layers; how many
         leading blocks every one of those layers now holds."""
         self.job, self.seq = job, Sequence.from_prompt("job", job["token_ids"], max_tokens=1)
-        self.pages.allocate(self.seq)
+        self.pages.take(self.seq, timeout=self.config.request_timeout)
         runner = self.runner if job["pipelined"] else self.whole
         wanted = reusable_blocks(len(self.seq), self.layout.block_size, job.get("load_blocks", 0))
         if not wanted or self.prefix is None:
@@ -119,8 +126,11 @@ class Stage:
 
     def release(self) -> None:
         if self.seq is not None:
-            self.pages.deallocate(self.seq)
-            self.seq = None
+            seq, self.seq = self.seq, None
+            if self.prefix is not None:  # puts may still read the pages
+                self.prefix.when_stored(lambda: self.pages.give_back(seq))
+            else:
+                self.pages.give_back(seq)
 
     def run(self, start: int) -> dict[str, Any]:
         """Compute the job from token ``start`` on (the KV before it is in every stage)."""
@@ -130,36 +140,47 @@ class Stage:
         size = self.layout.block_size
         keys = dict(zip(seq.block_table, seq.block_keys(size, seed=self.config.block_hash_seed)))
         stores, done_layers = [], []
+        chunks = chunk_bounds(start, len(seq), self.chunk if job["pipelined"] else len(seq), size)
+        decode = job.get("decode")
+        # Each stage writes its own layers: no stage waits for another's KV, and none of it
+        # crosses a second process on the way to the decode worker. A layer goes as soon as
+        # the last chunk computed it, while this stage computes its next layer.
+        stream = (self.sender.stream(seq.block_table, decode["segment"], decode["kv_address"], decode["block_ids"])
+                  if decode else None)
+        chunks_done = dict.fromkeys(range(runner.stage.start, runner.stage.stop), 0)
 
         def layer_done(layer: int, pages: list[int]) -> None:
+            chunks_done[layer] += 1
+            if stream is not None and chunks_done[layer] == len(chunks):
+                stream.send_layers(layer, layer + 1)
             if job["store"] == "layer":
                 stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
             elif job["store"] == "end":
                 done_layers.append((layer, pages))
 
         began = time.monotonic()
-        chunks = chunk_bounds(start, len(seq), self.chunk if job["pipelined"] else len(seq), size)
-        logits = run_stage(runner, seq, chunks, self.inbox if job["pipelined"] else None,
-                           self.outbox if job["pipelined"] else None, layer_done)
-        computed = time.monotonic()
-        kv_bytes, decode = 0, job.get("decode")
-        if decode:
-            # Each stage writes its own layers: no stage waits for another's KV, and none of it
-            # crosses a second process on the way to the decode worker.
-            kv_bytes = send_pages(self.store.engine, self.layout, self.kv_address, seq.block_table,
-                                  decode["segment"], decode["kv_address"], decode["block_ids"],
-                                  (runner.stage.start, runner.stage.stop))
+        try:
+            logits = run_stage(runner, seq, chunks, self.inbox if job["pipelined"] else None,
+                               self.outbox if job["pipelined"] else None, layer_done)
+            computed = time.monotonic()
+            kv_bytes = stream.wait() if stream is not None else 0
+        finally:
+            if stream is not None:
+                stream.settle()  # the pages are freed after the job
         sent = time.monotonic()
         for layer, pages in done_layers:
             stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
-        stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
+        if job.get("wait_store", True):
+            stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
+        else:  # answer now; the puts end in the background (what the serving group does)
+            stored = len(seq) // size - start // size if job["store"] != "none" else 0
         done = time.monotonic()
         kv = None
         if job["want_kv"]:
             kv = {layer: [self.runner.kv_cache.export_block(p, layer) for p in seq.block_table]
                   for layer in range(runner.stage.start, runner.stage.stop)}
         return {"ok": True, "logits": None if logits is None else logits.numpy().tobytes(),
-                "logits_at": computed if logits is not None else None, "done_at": done,
+                "logits_at": computed if logits is not None else None, "sent_at": sent, "done_at": done,
                 "compute": computed - began, "store_tail": done - sent, "stored": stored,
                 "transfer": sent - computed, "kv_bytes": kv_bytes, "kv": kv}
 

@@ -18,9 +18,11 @@ from daemons.cluster.store_access import connect
 from daemons.model import KVCache, KVCacheLayout, ModelRunner, Sequence
 from daemons.workers.prefix_store import object_key
 from scheduler.block_hash import prefix_block_keys
+from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
                                    request, sse_events)
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
 FAULT_DEADLINE = 10.0  # seconds from a kill to the client's error (worker_timeout is 1 s)
@@ -89,7 +91,7 @@ def test_stored_kv_is_bitwise_equal_to_recomputed(cluster, reference):
 
 
 def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(cluster, reference):
-    _, url, _ = cluster
+    runner, url, _ = cluster
     shared = prompt(5 * BLOCK, seed=6)
     first = shared + prompt(30, seed=7)[1:]
     holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
@@ -105,9 +107,56 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     finally:
         long.join()
     info = answer["mooncake"]
-    assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == holder
+    # Where the index says the prefix is (from the master's KV events): the holder's own segment
+    # when prefill workers announce one in their heartbeat, else the shared pool.
+    runner_info = cluster[2]
+    address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
+    with RpcClient(address) as conductor:
+        source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
+    assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
     assert answer["choices"][0]["token_ids"] == reference.tokens(second, 10)
+    # The puller read the prefix from the holder's segment and keeps a replica in its own (after
+    # its report, in the background): every object of the prefix has one replica in each.
+    layers = reference.model.config.num_layers
+    with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        wanted = sorted([_segment_of(store, holder), _segment_of(store, info["prefill"])])
+        names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
+        deadline = time.monotonic() + 10
+        while _replica_segments(store, names) != {name: wanted for name in names}:
+            assert time.monotonic() < deadline, _replica_segments(store, names)
+            time.sleep(0.05)
+    assert metric(url, "mooncake_decisions_total", reason="transfer") >= 1
+    assert metric(url, "mooncake_replicated_blocks_total") >= 5
+
+
+def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(cluster, reference):
+    runner, url, _ = cluster
+    shared = prompt(3 * BLOCK, seed=50)
+    first, second = shared + prompt(20, seed=51)[1:], shared + prompt(25, seed=52)[1:]
+    holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
+    answer = complete(url, prompt=second, max_tokens=6)
+    info = answer["mooncake"]
+    assert info["reason"] == "local_hit" and info["prefill"] == holder and info["prefix_tokens"] == 3 * BLOCK
+    assert answer["choices"][0]["token_ids"] == reference.tokens(second, 6)
+    # The holder put the prefix in its own segment only, and the hit moved nothing elsewhere.
+    layers = reference.model.config.num_layers
+    with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        mine = _segment_of(store, holder)
+        names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
+        assert _replica_segments(store, names) == {name: [mine] for name in names}
+    assert metric(url, "mooncake_decisions_total", reason="local_hit") >= 1
+
+
+def _segment_of(store, worker: str) -> str:
+    """The segment a prefill worker owns (its store client id starts with its name)."""
+    client = next(c for c in store.master.inspect("clients") if c["client_id"].startswith(f"{worker}-"))
+    return client["segments"][0]
+
+
+def _replica_segments(store, names: list[str]) -> dict[str, list[str]]:
+    return {name: sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
+            for name in names}
 
 
 def test_eight_concurrent_requests_each_match_the_reference(cluster, reference):
@@ -172,6 +221,36 @@ def test_the_conductor_keeps_serving_and_reports_metrics(cluster):
     assert metric(url, "mooncake_ttft_seconds_count") >= 10
     assert metric(url, "mooncake_prefix_hit_tokens_total") >= 4 * BLOCK
     assert metric(url, "mooncake_workers", role="decode") == 2
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_the_conductor_index_forgets_what_the_store_removed(cluster):
+    """The index follows the master's KV events: a block goes from it as soon as one of its
+    layers is removed from the store, and everything goes with remove_all."""
+    runner, url, info = cluster
+    address = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
+    tokens = prompt(3 * BLOCK + 5, seed=30)
+    complete(url, prompt=tokens, max_tokens=1)
+    keys = prefix_block_keys(tokens, BLOCK)
+    with RpcClient(address) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+        def index() -> dict:
+            return conductor.call("conductor.index")
+
+        wait_until(lambda: index()["blocks"] >= 3)
+        before = index()["blocks"]
+        store.remove(object_key(keys[1], 1), force=True)
+        wait_until(lambda: index()["blocks"] == before - 1)
+        store.remove_all(force=True)
+        wait_until(lambda: index()["blocks"] == 0)
+        view = index()
+        assert view["kv_events"]["malformed"] == 0 and view["kv_events"]["batches"] > 0
+        assert view["max_blocks"] == 1_000_000
 
 
 def _kill(info: dict, name: str) -> None:

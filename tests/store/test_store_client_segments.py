@@ -1,0 +1,49 @@
+"""A client that owns a segment reads objects from a chosen segment and keeps copies of objects
+it already holds in memory (what a prefill worker does with its instance-local KV cache)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daemons.cluster.store_access import connect
+from store.errors import ChecksumMismatch, ObjectNotFound
+from store_cluster import FAST, client_for, config_for, value_for
+
+SEGMENT = 1 << 20
+
+
+def test_read_from_a_chosen_segment_and_copy_from_held_memory(mooncake):
+    mooncake.json("up", env=FAST)
+    with client_for(mooncake.workdir) as pool_writer, \
+            connect(config_for(mooncake.workdir), segment_size=SEGMENT) as worker:
+        mine = worker.owner.segment.segment_id
+        pool = next(s["segment_id"] for s in worker.master.inspect("segments") if s["segment_id"] != mine)
+        for key in ("a", "b"):
+            pool_writer.put(key, value_for(key, 4096), preferred_segments=(pool,), replicas=1)
+        memory = np.zeros(3 * 4096, dtype=np.uint8)
+        base = worker.register_buffer(memory)
+        addresses, sizes = [base, base + 4096], [4096, 4096]
+
+        # Nothing on the worker's own segment yet; any replica (None) is found in the pool.
+        results = worker.batch_get_into(["a", "b"], addresses, sizes, segments=[mine, None])
+        assert isinstance(results[0], ObjectNotFound) and results[1] == 4096
+        assert worker.batch_get_into(["a"], addresses[:1], sizes[:1], segments=[pool]) == [4096]
+        assert bytes(memory[:4096]) == value_for("a", 4096)
+
+        # Copies written from the memory it holds: real replicas on its own segment.
+        assert worker.batch_copy_from(["a", "b"], addresses, sizes, mine) == [None, None]
+        for key in ("a", "b"):
+            assert sorted(r.segment_id for r in worker.get_replicas(key).replicas) == sorted([pool, mine])
+        memory[:] = 0
+        assert worker.batch_get_into(["a", "b"], addresses, sizes, segments=[mine, mine]) == [4096, 4096]
+        assert bytes(memory[4096:8192]) == value_for("b", 4096)
+        # Again: the replica is there already, nothing to write, still a success.
+        assert worker.batch_copy_from(["a"], addresses[:1], sizes[:1], mine) == [None]
+
+        # Memory that differs from the object is never published as its replica.
+        pool_writer.put("c", value_for("c", 4096), preferred_segments=(pool,), replicas=1)
+        error = worker.batch_copy_from(["c"], [base + 8192], [4096], mine)[0]
+        assert isinstance(error, ChecksumMismatch)
+        assert [r.segment_id for r in worker.get_replicas("c").replicas] == [pool]
+        assert isinstance(worker.batch_copy_from(["missing"], [base], [4096], mine)[0], ObjectNotFound)
+        worker.unregister_buffer(base)
