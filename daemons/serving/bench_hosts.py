@@ -145,9 +145,9 @@ def cluster_settings(policy: str, block_tokens: int, request_timeout: float) -> 
     would average different subsets, and one pessimistic start-up profile of the single decode
     worker could reject every request, so that no decode sample ever corrects it."""
     return {"schedule_policy": policy, "kv_block_tokens": block_tokens, "kv_cache_size": "64MiB",
-            "segment_size": "64MiB", "prefill_segment_size": "64MiB", "ttft_slo": 0, "tbt_slo": 0, "worker_timeout": "5s",
-            "request_timeout": f"{request_timeout}s", "rpc_timeout": "5s", "prefill_workers": 0,
-            "decode_workers": 0, "store_clients": 0}
+            "segment_size": "64MiB", "prefill_segment_size": "64MiB", "ttft_slo": 0, "tbt_slo": 0,
+            "worker_timeout": "5s", "request_timeout": f"{request_timeout}s", "rpc_timeout": "5s",
+            "prefill_workers": 0, "decode_workers": 0, "store_clients": 0}
 
 
 def start_cluster(hosts: Hosts, root: Path, settings: dict[str, Any], timeout: float) -> tuple[Cluster, str]:
