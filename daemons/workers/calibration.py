@@ -20,8 +20,10 @@ costs from the first request and refits them from live samples afterwards.
   per-slice cost. The conductor plans with the slowest figure any worker measured.
 
 Both profiles run on a scratch KV cache of their own, never on the worker's pages, and stop
-adding shapes once ``calibration_time`` has passed (the first ``MIN_SHAPES`` always run); too few samples to fit leaves the figure out
-(None), and the conductor keeps what it had.
+adding shapes once ``calibration_time`` has passed (the first ``MIN_SHAPES`` always run, so a
+loaded machine still gets a fit); samples that do not determine a fit leave the figure out
+(None), and the conductor keeps what it had. Profiled while the machine is busy (other workers
+starting, say), the figures come out pessimistic; the live refits correct them.
 """
 
 from __future__ import annotations
