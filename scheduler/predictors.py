@@ -1,7 +1,7 @@
 """Predictors the conductor plans with: prefill time, transfer time, decode TBT.
 
 Each is a small model with ``predict`` and a way to learn: the prefill and TBT models are fitted by
-least squares from samples (offline profiling, or what workers report), the transfer model keeps
+non-negative least squares from samples (a worker's start-up profile, or what workers report), the transfer model keeps
 a moving average of the rate transfers actually achieved, because the nominal link bandwidth
 ignores congestion at a hot source — the hardest part to predict, as the paper says.
 """
@@ -12,6 +12,30 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 
 import numpy as np
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, ...]:
+    """Least squares with every coefficient >= 0 (exact for a handful of terms: the best of the
+    unconstrained fits over every subset of the terms whose coefficients all come out >= 0).
+
+    Each term is a cost that only grows with its feature; a free fit over noisy timings (a loaded
+    machine, a narrow length mix) can give one a negative weight, and then a longer prompt or a
+    bigger batch is planned as cheaper than a shorter one. ValueError when the samples do not
+    determine the full model (too few distinct rows): lstsq would invent a curve through them."""
+    if np.linalg.matrix_rank(x) < x.shape[1]:
+        raise ValueError(f"{what} samples do not determine the model")
+    terms = x.shape[1]
+    best, best_residual = np.zeros(terms), float(np.sum(y * y))
+    for mask in range(1, 2**terms):
+        used = [t for t in range(terms) if mask >> t & 1]
+        coef, _, _, _ = np.linalg.lstsq(x[:, used], y, rcond=None)
+        if np.any(coef < 0):
+            continue
+        residual = float(np.sum((x[:, used] @ coef - y) ** 2))
+        if residual < best_residual:
+            best, best_residual = np.zeros(terms), residual
+            best[used] = coef
+    return tuple(float(c) for c in best)
 
 
 def _prefill_features(input_len: float, prefix_len: float) -> list[float]:
@@ -39,11 +63,7 @@ class PrefillTimeModel:
             raise ValueError("need at least 3 samples to fit the prefill model")
         x = np.array([_prefill_features(n, p) for n, p, _ in samples])
         y = np.array([t for _, _, t in samples])
-        coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
-        if rank < x.shape[1]:
-            # Too few distinct (input, prefix) pairs: lstsq would invent a curve through them.
-            raise ValueError("prefill samples do not determine the model")
-        return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]
+        return cls(_nonnegative_fit(x, y, "prefill"))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -111,8 +131,5 @@ class DecodeTbtModel:
             raise ValueError("need at least 3 samples to fit the decode model")
         x = np.array([[1.0, b, c] for b, c, _ in samples])
         y = np.array([t for _, _, t in samples])
-        coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
-        if rank < x.shape[1]:
-            # E.g. one request decoding alone: batch never varies, so its slope is not identified.
-            raise ValueError("decode samples do not determine the model")
-        return cls(tuple(float(c) for c in coef))  # type: ignore[arg-type]
+        # E.g. one request decoding alone: batch never varies, so its slope is not identified.
+        return cls(_nonnegative_fit(x, y, "decode"))  # type: ignore[arg-type]

@@ -128,17 +128,16 @@ def profile_decode(model: LlamaModel, block_size: int, budget_s: float,
 
 
 def fit_prefill(samples: Samples[tuple[int, int, float]]) -> tuple[float, float, float] | None:
-    """Least-squares coefficients, clamped at zero (a negative term is noise that would predict a
-    long prompt cheaper than a short one); None when the samples do not determine the model."""
+    """The fitted coefficients; None when the samples do not determine the model."""
     try:
-        return tuple(max(c, 0.0) for c in PrefillTimeModel.fit(samples).coef)  # type: ignore[return-value]
+        return PrefillTimeModel.fit(samples).coef
     except ValueError:
         return None
 
 
 def fit_decode(samples: Samples[tuple[int, int, float]]) -> tuple[float, float, float] | None:
     try:
-        return tuple(max(c, 0.0) for c in DecodeTbtModel.fit(samples).coef)  # type: ignore[return-value]
+        return DecodeTbtModel.fit(samples).coef
     except ValueError:
         return None
 

@@ -1,5 +1,6 @@
 """Predictors recover their models by least squares; the transfer model learns achieved rates."""
 
+import numpy as np
 import pytest
 
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeModel
@@ -38,3 +39,17 @@ def test_transfer_learns_only_when_asked_and_separates_waiting_from_rate():
             model.observe(tokens, 0.5 + tokens * 1e-4)
     assert model.fixed == pytest.approx(0.5, rel=1e-3)
     assert model.seconds_per_token == pytest.approx(1e-4, rel=1e-3)
+
+
+def test_fits_never_give_a_cost_term_a_negative_weight():
+    # Noisy timings of a loaded machine: a free fit bends the quadratic term negative and the
+    # fixed term up, planning a 2000-token prompt as cheaper than a 1000-token one.
+    samples = [(64, 0, 0.09), (256, 0, 0.12), (576, 512, 0.10), (512, 0, 0.16), (384, 256, 0.11),
+               (768, 512, 0.13), (1024, 0, 0.15)]
+    free = np.linalg.lstsq(np.array([[1.0, n - p, (n - p) * p + (n - p) ** 2 / 2] for n, p, _ in samples]),
+                           np.array([t for *_, t in samples]), rcond=None)[0]
+    assert min(free) < 0
+    model = PrefillTimeModel.fit(samples)
+    assert min(model.coef) >= 0 and model.predict(2000, 0) >= model.predict(1000, 0)
+    decode = DecodeTbtModel.fit([(1, 100, 0.03), (8, 800, 0.02), (4, 2000, 0.05), (2, 50, 0.031)])
+    assert min(decode.coef) >= 0
