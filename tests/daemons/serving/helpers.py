@@ -22,6 +22,9 @@ SERVING_ENV = {
     # Each worker imports torch and builds its model before it answers: on a loaded 2-core
     # machine a prefill group's stages took longer than the 20 s default to come up.
     "MOONCAKE_START_TIMEOUT": "90s",
+    # The start-up profile's fewest shapes (enough to fit): tests check that costs are measured
+    # and installed, not how well, and every worker start pays it.
+    "MOONCAKE_CALIBRATION_TIME": "1ms",
 }
 BLOCK = 32
 
