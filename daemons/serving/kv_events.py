@@ -11,7 +11,9 @@ events:
   every other segment is the shared pool (``POOL``);
 - a block is held at a location while its layer-0 object is in one of that location's segments:
   BlockStored of layer 0 adds it; BlockRemoved of *any* layer there removes it (a block missing a
-  layer cannot be loaded, and all layers of a block are written and dropped together anyway);
+  layer cannot be loaded; the store evicts one object at a time, so the first layer to go takes
+  the block with it). Layers are not tracked one by one: a block that lost a layer is listed again
+  when its layer 0 is stored again, or at the next rebuild;
 - AllBlocksCleared clears the index.
 
 Sequence numbers: each batch carries one, counted by the master. A batch that is not the next one
