@@ -55,12 +55,14 @@ def test_two_pool_segments_keep_a_block_in_the_pool_until_both_drop_it():
     assert index.holders(1) == {}
 
 
-def test_a_rebuild_maps_segments_to_their_instances():
+def test_a_rebuild_maps_segments_to_their_instances_and_skips_blocks_missing_a_layer():
     index = CacheIndex()
     follower = IndexFollower(index)
-    follower.rebuild([(obj(1, 0).decode(), "segP"), (obj(2, 0).decode(), "other"), ("user-key", "segP")],
-                     {"segP": "p0"})
-    assert index.sizes() == {"p0": 1, POOL: 1}
+    replicas = [(obj(b, layer).decode(), segment) for b, segment in ((1, "segP"), (2, "other"), (3, "other"))
+                for layer in range(2)]
+    replicas.remove((obj(3, 1).decode(), "other"))
+    follower.rebuild(replicas + [("user-key", "segP")], {"segP": "p0"})
+    assert index.sizes() == {"p0": 1, POOL: 1} and index.holders(3) == {}
     assert follower.current({"segP": "p0"}) and not follower.current({"segP": "p1"})
 
 
