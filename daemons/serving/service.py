@@ -45,7 +45,7 @@ from daemons.serving.kv_events import IndexFollower
 from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
-from scheduler.block_hash import prefix_block_keys
+from scheduler.block_hash import BlockKey, format_key, prefix_block_keys
 from scheduler.cache_index import CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
@@ -301,12 +301,13 @@ class ServingService:
         with self.lock:
             return self.index_follower.current(self._segment_locations())
 
-    def index_view(self) -> dict[str, Any]:
-        """Sizes of the cache index (the conductor.index op)."""
+    def index_view(self, blocks: list[BlockKey] = ()) -> dict[str, Any]:
+        """Sizes of the cache index (the conductor.index op), and who holds ``blocks``."""
         with self.lock:
             index = self.conductor.index
             return {"blocks": index.num_keys(), "locations": index.sizes(), "max_blocks": index.max_blocks,
-                    "dropped": index.num_dropped}
+                    "dropped": index.num_dropped,
+                    "holders": {format_key(b): sorted(index.holders(b)) for b in blocks}}
 
     def _segment_locations(self) -> dict[str, str]:
         """Store segment -> the prefill worker that announces it; under the lock."""
