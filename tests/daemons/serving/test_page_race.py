@@ -32,6 +32,7 @@ import time
 
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import BLOCK, SERVING_ENV, Reference, complete, prompt, request, sse_events
+from daemons.serving.messages import DropAnswer, KvTarget, PrefillJob, WriterProcess
 from transfer.rpc.client_server import RpcClient
 
 FILLER_TOKENS, LATE_PROMPT, LATE_TOKENS, VICTIM_PROMPT, VICTIM_TOKENS = 6030, 592, 1480, 600, 8
@@ -113,3 +114,11 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
     answer = json.loads(data)
     assert answer["mooncake"]["prefill"] == other
     assert answer["choices"][0]["token_ids"] == expected
+    # The late prefill's report freed its pages: none leaked.
+    _wait_for(lambda: status("decode-0")["free_blocks"] == 256, "every page to come back")
+    # What the decode worker asks once a reservation expires: a job the worker never had can no
+    # longer write, and its prefill.run arriving afterwards is refused.
+    answer = DropAnswer.from_wire(clients[other].call("prefill.drop", {"request_id": "cmpl-never-sent"}))
+    assert answer.dropped and answer.process == WriterProcess.from_wire(status(other)["writers"][0])
+    late_run = PrefillJob("cmpl-never-sent", victim_prompt, 0, False, KvTarget("decode", 0, list(range(19))))
+    assert clients[other].call("prefill.run", late_run.to_wire())["accepted"] is False
