@@ -32,9 +32,10 @@ import time
 
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import BLOCK, SERVING_ENV, Reference, complete, prompt, request, sse_events
-from daemons.serving.messages import DropAnswer, KvTarget, PrefillJob, WriterProcess
+from daemons.serving.messages import DropAnswer, KvTarget, PrefillJob, PrefillWriter, WriterProcess
 from transfer.rpc.client_server import RpcClient
 
+REQUEST_TIMEOUT = 5
 FILLER_TOKENS, LATE_PROMPT, LATE_TOKENS, VICTIM_PROMPT, VICTIM_TOKENS = 6030, 592, 1480, 600, 8
 
 
@@ -51,6 +52,9 @@ def test_a_late_prefill_never_writes_into_pages_given_to_another_request(tmp_pat
                        # The stalls below stay well inside this; the stalled prefill worker is
                        # dropped anyway, for failing its prefill.run call.
                        "MOONCAKE_WORKER_TIMEOUT": "3s",
+                       # Short enough to see an expired reservation freed at the end, long
+                       # enough for every request of the race.
+                       "MOONCAKE_REQUEST_TIMEOUT": f"{REQUEST_TIMEOUT}s",
                        # Prefix-cache placement (to steer each request to a worker), and no
                        # SLO or KV forecast turning a request away: the pages it needs exist.
                        "MOONCAKE_SCHEDULE_POLICY": "cache", "MOONCAKE_ADMISSION_POLICY": "none",
@@ -114,11 +118,17 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
     answer = json.loads(data)
     assert answer["mooncake"]["prefill"] == other
     assert answer["choices"][0]["token_ids"] == expected
-    # The late prefill's report freed its pages: none leaked.
-    _wait_for(lambda: status("decode-0")["free_blocks"] == 256, "every page to come back")
-    # What the decode worker asks once a reservation expires: a job the worker never had can no
-    # longer write, and its prefill.run arriving afterwards is refused.
+
+    # A reservation whose prefill.run never arrives: once it expires, the decode worker asks the
+    # prefill worker named in it, which never had the job, so the pages are freed, and the
+    # prefill.run arriving afterwards is refused.
+    writer = PrefillWriter(other, status(other)["address"],
+                           [WriterProcess.from_wire(p) for p in status(other)["writers"]])
+    target = KvTarget.from_wire(decode.call("decode.reserve", {
+        "request_id": "cmpl-never-sent", "token_ids": victim_prompt, "max_tokens": 1, "writer": writer.to_wire()}))
     answer = DropAnswer.from_wire(clients[other].call("prefill.drop", {"request_id": "cmpl-never-sent"}))
-    assert answer.dropped and answer.process == WriterProcess.from_wire(status(other)["writers"][0])
-    late_run = PrefillJob("cmpl-never-sent", victim_prompt, 0, False, KvTarget("decode", 0, list(range(19))))
+    assert answer.dropped and answer.process == writer.processes[0]
+    late_run = PrefillJob("cmpl-never-sent", victim_prompt, 0, False, target)
     assert clients[other].call("prefill.run", late_run.to_wire())["accepted"] is False
+    # That page and the late request's (its report frees them) all come back: none leaked.
+    _wait_for(lambda: status("decode-0")["free_blocks"] == 256, "every page to come back")
