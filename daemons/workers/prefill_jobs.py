@@ -177,7 +177,7 @@ class PrefillJobsDaemon(WorkerDaemon):
         return {"accepted": accepted, "queued": len(self.jobs)}
 
     def _drop(self, request: Request) -> dict:
-        request_id = request.args["request_id"]
+        request_id = request.args.get("request_id")
         if not isinstance(request_id, str):
             raise InvalidArgument(f"request_id must be a string, got {request_id!r}")
         return DropAnswer(self.jobs.drop(request_id), self.writers[0]).to_wire()
