@@ -23,7 +23,7 @@ class Clock:
 
 
 def job(request_id: str, clock: Clock, deadline_s: float = 10.0) -> Job:
-    return Job(PrefillJob(request_id, [256, 1, 2], 0, False, KvTarget("decode", 0, [0]), deadline_s), clock.now)
+    return Job(PrefillJob(request_id, [256, 1, 2], 0, False, KvTarget("decode", 0, [0]), deadline_s=deadline_s), clock.now)
 
 
 def test_prefill_job_and_report_carry_deadline_and_drop_over_the_wire():
