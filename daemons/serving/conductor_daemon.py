@@ -5,7 +5,8 @@ RPC operations the workers call (see :mod:`daemons.serving.service` for what eac
     conductor.heartbeat     {"name", "role", "address", "kv_capacity_tokens", ...load}
     conductor.prefill_done  a prefill worker's report (daemons.workers.prefill)
     conductor.tokens        a decode worker's step (daemons.workers.decode)
-    conductor.index         {} -> sizes of the cache index and where its KV-event stream stands
+    conductor.index         {"blocks"?: [32-hex block key]} -> sizes of the cache index, the
+                            holders of those blocks, and where its KV-event stream stands
 
 Its tick drops workers whose heartbeats stopped. A thread it owns follows the master's KV events
 into the cache index (:mod:`daemons.serving.kv_events`); the master is ``--master`` or the one
@@ -32,11 +33,15 @@ from daemons.cluster.advertise import advertise_host, advertised
 from daemons.cluster.service_registry import ServiceRegistration
 from daemons.cluster.workdir import read_json
 from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
+from daemons.serving.errors import BadRequest
 from daemons.serving.http_frontend import FrontEnd
 from daemons.serving.kv_events import KvEventSubscriber
 from daemons.serving.service import ServingService
+from scheduler.block_hash import parse_key
 
 log = logging.getLogger(__name__)
+
+MAX_INDEX_QUERY = 1024  # block keys one conductor.index call may ask about
 
 
 def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
@@ -95,8 +100,16 @@ class ConductorDaemon(Daemon):
             self.http.server_close()
 
     def _index(self, request: Any) -> dict[str, Any]:
+        wanted = request.args.get("blocks", [])
+        try:
+            if not isinstance(wanted, list) or len(wanted) > MAX_INDEX_QUERY \
+                    or not all(isinstance(key, str) for key in wanted):
+                raise ValueError(f"blocks must be a list of at most {MAX_INDEX_QUERY} block keys")
+            blocks = [parse_key(key) for key in wanted]
+        except ValueError as exc:
+            raise BadRequest(f"conductor.index: {exc}") from None
         events = self.kv_events.stats() if self.kv_events is not None else {}
-        return {**self.service.index_view(), "kv_events": events}
+        return {**self.service.index_view(blocks), "kv_events": events}
 
     def describe(self) -> dict[str, Any]:
         if not hasattr(self, "http"):

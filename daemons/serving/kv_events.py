@@ -11,7 +11,10 @@ events:
   every other segment is the shared pool (``POOL``);
 - a block is held at a location while its layer-0 object is in one of that location's segments:
   BlockStored of layer 0 adds it; BlockRemoved of *any* layer there removes it (a block missing a
-  layer cannot be loaded, and all layers of a block are written and dropped together anyway);
+  layer cannot be loaded; the store evicts one object at a time, so the first layer to go takes
+  the block with it). Between rebuilds layers are not tracked one by one: a block that lost a
+  layer is listed again when its layer 0 is stored again. A rebuild lists a block where all its
+  layers are (as many as the snapshot's blocks have at most: one model's, in a cluster);
 - AllBlocksCleared clears the index.
 
 Sequence numbers: each batch carries one, counted by the master. A batch that is not the next one
@@ -78,10 +81,15 @@ class IndexFollower:
         self.index.clear()
         self._segments.clear()
         self._locations = dict(locations)
+        layers: dict[tuple[BlockKey, str], set[int]] = {}
         for key, segment in replicas:
             parsed = block_of(key)
-            if parsed is not None and parsed[1] == 0:
-                self._stored(parsed[0], segment)
+            if parsed is not None:
+                layers.setdefault((parsed[0], segment), set()).add(parsed[1])
+        num_layers = max((max(held) + 1 for held in layers.values()), default=0)
+        for (block, segment), held in layers.items():
+            if len(held) == num_layers:
+                self._stored(block, segment)
 
     def apply(self, events: Iterable[KvEvent]) -> None:
         for event in events:

@@ -4,10 +4,12 @@ Each is a dataclass on both ends and a msgpack map on the wire (``to_wire`` / ``
 the keys the protocol has always had, so either side can be read from its map alone. A request's
 messages, in order::
 
-    decode.reserve  -> KvTarget        the decode worker's pages reserved for the request
+    decode.reserve  -> KvTarget        the decode worker's pages reserved for the request (its
+                       PrefillWriter   request names the prefill worker that will write them)
     prefill.run        PrefillJob      what the prefill worker computes, and where its KV goes
     conductor.prefill_done PrefillReport  the first token, the prefix reused and stored, timings
     conductor.tokens   DecodeStep      one decode step: a token (or an end) per request stepped
+    prefill.drop    -> DropAnswer      (decode worker to prefill worker) may this job still write?
 
 Optional fields that are None are left out of the map: a failed prefill reports only
 ``request_id``, ``ok`` and ``error``, and ``pipelined`` travels only from a CPP group. The workers
@@ -16,6 +18,7 @@ import these from here, as they import :mod:`daemons.serving.errors`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -46,17 +49,22 @@ class PrefillJob:
     local_blocks: int = 0  # of load_blocks, the leading ones to read from the worker's own segment
     source_segment: str | None = None  # where blocks [local_blocks, load_blocks) are; None: anywhere
     replicate: bool = False  # keep a replica of those pulled blocks in the worker's own segment
+    # Seconds the job may still start in, counted from when the prefill worker receives it (the
+    # conductor's request deadline): a job still queued then is dropped unstarted.
+    deadline_s: float = math.inf
 
     def to_wire(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "token_ids": self.token_ids, "load_blocks": self.load_blocks,
                 "store": self.store, "decode": self.decode.to_wire(), "local_blocks": self.local_blocks,
-                "source_segment": self.source_segment, "replicate": self.replicate}
+                "source_segment": self.source_segment, "replicate": self.replicate,
+                "deadline_s": self.deadline_s}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> PrefillJob:
         return cls(message["request_id"], message["token_ids"], message["load_blocks"], message["store"],
                    KvTarget.from_wire(message["decode"]), message.get("local_blocks", 0),
-                   message.get("source_segment"), message.get("replicate", False))
+                   message.get("source_segment"), message.get("replicate", False),
+                   float(message.get("deadline_s", math.inf)))
 
 
 @dataclass
@@ -90,10 +98,15 @@ class PrefillReport:
     # Pulled blocks the worker is keeping a replica of in its own segment (hot-block replication;
     # the copies finish after the report).
     replicated_blocks: int | None = None
+    dropped: bool | None = None  # True: the job was dropped unstarted and never writes the pages
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> PrefillReport:
         return cls(request_id, False, error)
+
+    @classmethod
+    def dropped_unstarted(cls, request_id: str, why: str) -> PrefillReport:
+        return cls(request_id, False, f"dropped unstarted: {why}", dropped=True)
 
     def to_wire(self) -> dict[str, Any]:
         message = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -133,6 +146,56 @@ class DecodeStep:
     def from_wire(cls, message: dict[str, Any]) -> DecodeStep:
         return cls(message["step_s"], message["batch"], message["context"],
                    [DecodedToken(*event) for event in message["events"]])
+
+
+@dataclass(frozen=True)
+class WriterProcess:
+    """One process that may write a prefill's KV into decode pages, as its own machine knows it."""
+
+    host: str  # transfer.descriptor.local_host_id() of its machine
+    pid: int
+    started: int  # its start time in clock ticks since boot: tells a reused pid apart
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> WriterProcess:
+        return cls(message["host"], int(message["pid"]), int(message["started"]))
+
+
+@dataclass(frozen=True)
+class PrefillWriter:
+    """The prefill worker whose job writes into a reservation: whom the decode worker asks
+    (``prefill.drop``) before it frees the pages, and the processes that write for it."""
+
+    name: str
+    address: str
+    processes: list[WriterProcess]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "address": self.address, "processes": [p.to_wire() for p in self.processes]}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> PrefillWriter:
+        return cls(message["name"], message["address"],
+                   [WriterProcess.from_wire(p) for p in message["processes"]])
+
+
+@dataclass(frozen=True)
+class DropAnswer:
+    """A prefill worker's answer to ``prefill.drop``: ``dropped`` means the job can no longer
+    write (it was queued and is now removed, it finished, or the worker never had it)."""
+
+    dropped: bool
+    process: WriterProcess  # the process that answered: the one named in the reservation, or a successor
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"dropped": self.dropped, "process": self.process.to_wire()}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DropAnswer:
+        return cls(bool(message["dropped"]), WriterProcess.from_wire(message["process"]))
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,15 @@ A worker's heartbeat carries the costs it measured at start (``calibration``); t
 with them from the worker's first beat (:meth:`Conductor.install_calibration`) and `/metrics`
 shows the figures it plans with now (``mooncake_cost_*``).
 
-Decode pages reserved for a request are freed once nothing can write into them any more: when
-the request ends after its prefill reported, or when the prefill worker is gone; a request that
-ends while its prefill may still be writing leaves an orphan whose late report frees them.
+Decode pages reserved for a request are freed only once nothing can write into them any more.
+The conductor frees them (``decode.release``) when the request ends after its prefill reported
+- a result, a failure, or a job dropped unstarted - or after decode started. A request that
+ends while its prefill may still run (timed out, cancelled, its prefill worker dropped for
+silence or for a failed call: a silent worker may only be slow) leaves an orphan whose late
+report frees them; an orphan is forgotten at its deadline, after which the decode worker's own
+expiry takes over: it frees the pages once the prefill worker says the job can no longer write
+(the reservation names that worker) or its processes are verifiably dead. Each prefill job
+carries ``deadline_s``, the time left to the request, and is dropped unstarted once it passes.
 """
 
 from __future__ import annotations
@@ -46,10 +52,11 @@ from daemons.model import KVCacheFull
 from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
 from daemons.serving.kv_events import IndexFollower
-from daemons.serving.messages import DecodeStep, KvTarget, PrefillJob, PrefillReport, WorkerCalibration
+from daemons.serving.messages import (DecodeStep, KvTarget, PrefillJob, PrefillReport, PrefillWriter,
+                                      WorkerCalibration, WriterProcess)
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
-from scheduler.block_hash import prefix_block_keys
+from scheduler.block_hash import BlockKey, format_key, prefix_block_keys
 from scheduler.cache_index import CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
@@ -132,6 +139,9 @@ class ServingService:
                   if now - w.last_seen > self.config.worker_timeout]
         for name in silent:
             self._drop_worker(name, f"stopped answering for {self.config.worker_timeout:g}s")
+        with self.lock:  # past its deadline an orphan's pages are the decode worker's to free
+            for request_id in [f.request_id for f in self.flights.values() if f.orphaned and now > f.deadline]:
+                del self.flights[request_id]
 
     def _drop_worker(self, name: str, why: str) -> None:
         with self.lock:
@@ -139,9 +149,8 @@ class ServingService:
             if worker is None:
                 return
             self.conductor.remove_instance(name)
+            # Their pages stay reserved: a silent prefill worker may only be slow, and still write.
             hit = [f for f in self.flights.values() if name in (f.decision.prefill_id, f.decision.decode_id)]
-            for flight in hit:
-                flight.prefill_gone |= flight.decision.prefill_id == name
         log.warning("dropping %s worker %s: %s", worker.role, name, why)
         worker.client.close()
         for flight in hit:
@@ -178,14 +187,18 @@ class ServingService:
             # without one: any replica).
             holder = self.workers.get(decision.transfer_from or "")
             source_segment = holder.load.get("segment") if holder is not None else None
+            writer = PrefillWriter(prefill.name, prefill.address,
+                                   [WriterProcess.from_wire(p) for p in prefill.load.get("writers", [])])
         block = self.sched.block_tokens
         try:
             flight.reservation = KvTarget.from_wire(decode.client.call("decode.reserve", {
-                "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens}))
-            prefill.client.call("prefill.run", PrefillJob(
+                "request_id": request_id, "token_ids": request.token_ids, "max_tokens": request.max_tokens,
+                "writer": writer.to_wire()}))
+            queued = prefill.client.call("prefill.run", PrefillJob(
                 request_id, request.token_ids, decision.prefix_tokens // block,
                 request.prefix_reuse, flight.reservation, local_blocks=decision.local_tokens // block,
-                source_segment=source_segment, replicate=decision.transfer_tokens > 0).to_wire())
+                source_segment=source_segment, replicate=decision.transfer_tokens > 0,
+                deadline_s=max(0.0, flight.deadline - time.monotonic())).to_wire())
         except KVCacheFull as exc:
             self._finish(flight)
             self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
@@ -193,10 +206,16 @@ class ServingService:
                            "kv_cache_full") from None
         except MooncakeError as exc:
             failed = decode if flight.reservation is None else prefill
-            flight.prefill_gone = True  # whatever happened, this prefill will not write the pages
+            # A prefill.run without an answer may still have been queued: its pages are left to
+            # the late report or to the decode worker, which asks the prefill worker first.
             self._finish(flight)
             self._drop_worker(failed.name, f"failed a call ({exc.message})")
             raise GenerationFailed(f"{failed.role} worker {failed.name} failed: {exc.message}") from None
+        if not queued.get("accepted", True):
+            # Dropped before it arrived (the decode worker had asked): it will never write.
+            flight.prefill_reported = True
+            self._finish(flight)
+            raise GenerationFailed(f"prefill worker {prefill.name} refused the job: dropped before it arrived")
         return flight
 
     def generate(self, flight: Flight) -> Iterator[tuple[int, str | None]]:
@@ -267,6 +286,9 @@ class ServingService:
             raise GenerationFailed(f"decode worker {flight.decision.decode_id} is gone")
         try:
             return decode.client.call(op, args)
+        except InvalidArgument as exc:
+            # The worker answered: it is alive, only this request is lost (its reservation expired).
+            raise GenerationFailed(f"decode worker {decode.name} refused {op}: {exc.message}") from None
         except MooncakeError as exc:
             self._drop_worker(decode.name, f"failed a call ({exc.message})")
             raise GenerationFailed(f"decode worker {decode.name} failed: {exc.message}") from None
@@ -276,8 +298,7 @@ class ServingService:
         now, rid = time.monotonic(), flight.request_id
         with self.lock:
             self.conductor.abandon(rid, now)
-            free_now = not flight.completed and (flight.decode_started or flight.prefill_reported
-                                                 or flight.prefill_gone)
+            free_now = not flight.completed and (flight.decode_started or flight.prefill_reported)
             flight.orphaned = not flight.completed and not free_now and flight.reservation is not None
             if not flight.orphaned:
                 self.flights.pop(rid, None)
@@ -313,12 +334,13 @@ class ServingService:
         with self.lock:
             return self.index_follower.current(self._segment_locations())
 
-    def index_view(self) -> dict[str, Any]:
-        """Sizes of the cache index (the conductor.index op)."""
+    def index_view(self, blocks: list[BlockKey] = ()) -> dict[str, Any]:
+        """Sizes of the cache index (the conductor.index op), and who holds ``blocks``."""
         with self.lock:
             index = self.conductor.index
             return {"blocks": index.num_keys(), "locations": index.sizes(), "max_blocks": index.max_blocks,
-                    "dropped": index.num_dropped}
+                    "dropped": index.num_dropped,
+                    "holders": {format_key(b): sorted(index.holders(b)) for b in blocks}}
 
     def _segment_locations(self) -> dict[str, str]:
         """Store segment -> the prefill worker that announces it; under the lock."""

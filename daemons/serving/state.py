@@ -38,7 +38,6 @@ class Flight:
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     reservation: KvTarget | None = None
     prefill_reported: bool = False
-    prefill_gone: bool = False
     decode_started: bool = False
     completed: bool = False
     orphaned: bool = False

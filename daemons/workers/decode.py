@@ -4,12 +4,14 @@ Its KV cache lives in a shared-memory region registered with its transfer engine
 prefill worker on this host copies pages straight in (TCP or RDMA from other hosts). Operations
 (from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
 
-    decode.reserve {"request_id", "token_ids", "max_tokens"}
+    decode.reserve {"request_id", "token_ids", "max_tokens",
+                    "writer": {"name", "address", "processes"}}  the prefill worker that writes them
         -> KvTarget {"segment", "kv_address", "block_ids"}  pages for the request's whole life, so it
                                                      never runs out mid-generation (KVCacheFull)
     decode.start   {"request_id", "first_token"}    the prefill wrote the pages: join the batch
         -> {"finish_reason"}                         set when the first token already ended it
     decode.release {"request_id"}                   cancel: leave the batch, free the pages
+                                                    (sent once the prefill can no longer write)
 
 After every step the batch loop reports the step's tokens (``conductor.tokens``, a DecodeStep)::
 
@@ -18,7 +20,15 @@ After every step the batch loop reports the step's tokens (``conductor.tokens``,
 ``step_s`` with ``batch`` (sequences stepped) and ``context`` (tokens they attended over) is
 what the conductor refits its TBT model from.
 
-A reservation never started within ``request_timeout`` is freed (its conductor gave up).
+Reserved pages are freed only on ``decode.start`` (they join the batch), ``decode.release``, or
+once the prefill worker that writes them is done with them: a reservation not started within
+``request_timeout`` is not freed then, since a late prefill would write into pages given to
+another request. A thread asks the writer named in the reservation (``prefill.drop``) every
+:data:`~daemons.workers.reservations.ASK_INTERVAL` until it says the job can no longer write
+(dropped unstarted, finished, or unknown to it), or until every process writing for it is
+verifiably dead (same machine only); :mod:`daemons.workers.reservations` has the rules. A writer
+on another machine that never answers again keeps its expired reservations until this worker
+restarts: ``load()`` counts them (``expired_reserved``).
 """
 
 from __future__ import annotations
@@ -31,12 +41,14 @@ from typing import Any
 import topology
 from daemons.cluster.workdir import shm_prefix
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
-from daemons.serving.messages import DecodedToken, DecodeStep, KvTarget
+from daemons.serving.messages import DecodedToken, DecodeStep, DropAnswer, KvTarget, PrefillWriter
 from daemons.workers.base import WorkerDaemon
+from daemons.workers.reservations import ASK_INTERVAL, Reservations, may_free
+from daemons.workers.writer_liveness import verifiably_dead
 from transfer.errors import InvalidArgument, MooncakeError
 from transfer.from_settings import open_engine
 from transfer.memory import address_of
-from transfer.rpc.client_server import Request
+from transfer.rpc.client_server import Request, RpcClient
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +68,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
         self.batcher = ContinuousBatcher(ModelRunner(self.model, self.kv), self.pages,
                                          eos_token_id=self.model.config.eos_token_id,
                                          max_batch_size=self.config.max_batch_size)
-        self.reserved: dict[str, tuple[Sequence, float]] = {}  # request_id -> (seq, expires at)
+        self.reservations = Reservations()
         self.cond = threading.Condition()
         self.num_steps = 0
         for op, handler in (("decode.reserve", self._reserve), ("decode.start", self._start),
@@ -64,44 +76,43 @@ class DecodeWorkerDaemon(WorkerDaemon):
             self.server.register(op, handler, blocking=True)
         self.loop = threading.Thread(target=self._decode_loop, name="decode-loop", daemon=True)
         self.loop.start()
+        self.writer_clients: dict[str, RpcClient] = {}  # prefill address -> client; the asker's own
+        self.asker = threading.Thread(target=self._ask_writers_loop, name="reservation-asker", daemon=True)
+        self.asker.start()
 
     def load(self) -> dict[str, Any]:
         return {"running": self.batcher.num_running, "waiting": self.batcher.num_waiting,
-                "reserved": len(self.reserved), "free_blocks": self.pages.num_free_blocks}
+                "reserved": len(self.reservations), "free_blocks": self.pages.num_free_blocks,
+                "expired_reserved": self.reservations.num_expired(time.monotonic())}
 
     def teardown(self) -> None:
         if hasattr(self, "loop"):
             with self.cond:
                 self.cond.notify_all()
             self.loop.join(timeout=self.config.drain_timeout)
+            self.asker.join(timeout=self.config.drain_timeout)
             self.engine.close()
         super().teardown()
 
-    def tick(self, now: float) -> None:
-        with self.cond:
-            for request_id, (seq, expires) in list(self.reserved.items()):
-                if now > expires:
-                    log.warning("freeing pages of %s: reserved but never started", request_id)
-                    del self.reserved[request_id]
-                    self.pages.deallocate(seq)
-        super().tick(now)
-
     def _reserve(self, request: Request) -> dict:
         args = request.args
+        try:
+            writer = PrefillWriter.from_wire(args["writer"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"decode.reserve needs the writing prefill worker ({type(exc).__name__}: {exc})") from None
         seq = Sequence.from_prompt(args["request_id"], args["token_ids"], args["max_tokens"])
         with self.cond:
-            if seq.seq_id in self.reserved:
+            if seq.seq_id in self.reservations:
                 raise InvalidArgument(f"request {seq.seq_id!r} already holds pages here")
             self.pages.allocate(seq, len(seq) + seq.max_tokens)  # KVCacheFull travels to the conductor
-            self.reserved[seq.seq_id] = (seq, time.monotonic() + self.config.request_timeout)
+            self.reservations.hold(seq, writer, time.monotonic() + self.config.request_timeout)
         return KvTarget(self.engine.name, self.kv_address, list(seq.block_table)).to_wire()
 
     def _start(self, request: Request) -> dict:
         with self.cond:
-            entry = self.reserved.pop(request.args["request_id"], None)
-            if entry is None:
+            seq = self.reservations.take(request.args["request_id"])
+            if seq is None:
                 raise InvalidArgument(f"no reservation for request {request.args['request_id']!r}")
-            seq = entry[0]
             seq.num_kv_tokens = len(seq)  # the prefill worker wrote KV of every prompt token
             seq.append(int(request.args["first_token"]), self.model.config.eos_token_id)
             if seq.is_finished:
@@ -114,9 +125,9 @@ class DecodeWorkerDaemon(WorkerDaemon):
     def _release(self, request: Request) -> dict:
         request_id = request.args["request_id"]
         with self.cond:
-            entry = self.reserved.pop(request_id, None)
-            if entry is not None:
-                self.pages.deallocate(entry[0])
+            seq = self.reservations.take(request_id)
+            if seq is not None:
+                self.pages.deallocate(seq)
                 return {"released": True}
             return {"released": self.batcher.cancel(request_id)}
 
@@ -136,3 +147,44 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 self.conductor_client.call("conductor.tokens", step.to_wire())
             except MooncakeError as exc:
                 log.warning("could not report %d token(s) to the conductor: %s", batch, exc)
+
+    def _ask_writers_loop(self) -> None:
+        """Ask the writers of expired reservations whether they are done; free what they confirm."""
+        try:
+            while not self.stop_requested.wait(ASK_INTERVAL / 5):
+                with self.cond:
+                    asks = self.reservations.due(time.monotonic())
+                for request_id, writer in asks:
+                    if may_free(writer, self._ask_writer(writer, request_id), verifiably_dead):
+                        with self.cond:
+                            seq = self.reservations.take(request_id)
+                            if seq is not None:
+                                log.warning("freeing pages of %s: reserved but never started, and its "
+                                            "prefill on %s can no longer write them", request_id, writer.name)
+                                self.pages.deallocate(seq)
+                self._close_idle_writer_clients()
+        finally:
+            for client in self.writer_clients.values():
+                client.close()
+
+    def _ask_writer(self, writer: PrefillWriter, request_id: str) -> DropAnswer | None:
+        """The writer's answer to ``prefill.drop``, or None if it gave none that counts."""
+        client = self.writer_clients.get(writer.address)
+        if client is None:
+            client = self.writer_clients[writer.address] = RpcClient(writer.address, timeout=self.config.rpc_timeout)
+        try:
+            return DropAnswer.from_wire(client.call("prefill.drop", {"request_id": request_id},
+                                                    timeout=min(self.config.rpc_timeout, 1.0)))
+        except MooncakeError as exc:
+            log.warning("pages of %s stay reserved: prefill worker %s did not answer (%s)",
+                        request_id, writer.name, exc)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("pages of %s stay reserved: prefill worker %s answered nonsense (%s)",
+                        request_id, writer.name, exc)
+        return None
+
+    def _close_idle_writer_clients(self) -> None:
+        with self.cond:
+            wanted = self.reservations.writer_addresses()
+        for address in set(self.writer_clients) - wanted:
+            self.writer_clients.pop(address).close()

@@ -11,7 +11,10 @@ whose events are ``BlockStored``, ``BlockRemoved`` and ``AllBlocksCleared``: msg
     AllBlocksCleared ["AllBlocksCleared"]
 
 We encode exactly what msgspec would encode for those structs with our values, so a router that
-decodes with vLLM's own ``msgspec.msgpack.Decoder(type=KVEventBatch)`` reads our batches.
+decodes with that vLLM's own ``msgspec.msgpack.Decoder(type=KVEventBatch)`` (or the copy of the
+types in its ``examples/online_serving/kv_events_subscriber.py``) reads our batches. Newer vLLM
+dropped ``array_like`` (its structs travel as maps, with more optional fields); its decoder does
+not read these arrays. msgspec is not in our lock, so the tests check the raw msgpack shape.
 
 What our fields hold:
 

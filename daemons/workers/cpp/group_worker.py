@@ -27,6 +27,9 @@ class PrefillGroupDaemon(PrefillJobsDaemon):
                                   master=(self.master_address, self.cluster_id))
         self.start_jobs()
 
+    def writer_pids(self) -> list[int]:
+        return [*super().writer_pids(), *(proc.pid for proc in self.group.procs)]  # the stages write
+
     def load(self) -> dict[str, Any]:
         return {**super().load(), "group_size": self.group.stages, "prefill_chunk": self.config.prefill_chunk,
                 "stage_pids": [proc.pid for proc in self.group.procs]}

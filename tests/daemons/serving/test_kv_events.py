@@ -55,12 +55,14 @@ def test_two_pool_segments_keep_a_block_in_the_pool_until_both_drop_it():
     assert index.holders(1) == {}
 
 
-def test_a_rebuild_maps_segments_to_their_instances():
+def test_a_rebuild_maps_segments_to_their_instances_and_skips_blocks_missing_a_layer():
     index = CacheIndex()
     follower = IndexFollower(index)
-    follower.rebuild([(obj(1, 0).decode(), "segP"), (obj(2, 0).decode(), "other"), ("user-key", "segP")],
-                     {"segP": "p0"})
-    assert index.sizes() == {"p0": 1, POOL: 1}
+    replicas = [(obj(b, layer).decode(), segment) for b, segment in ((1, "segP"), (2, "other"), (3, "other"))
+                for layer in range(2)]
+    replicas.remove((obj(3, 1).decode(), "other"))
+    follower.rebuild(replicas + [("user-key", "segP")], {"segP": "p0"})
+    assert index.sizes() == {"p0": 1, POOL: 1} and index.holders(3) == {}
     assert follower.current({"segP": "p0"}) and not follower.current({"segP": "p1"})
 
 
@@ -71,17 +73,16 @@ class FakeMaster:
         self.pub = zmq.Context.instance().socket(zmq.PUB)
         self.pub.bind("tcp://127.0.0.1:*")
         self.address = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.sequence, self.replicas, self.snapshots = -1, set(), 0
+        self.sequence, self.replicas, self.epoch = -1, set(), "e1"
         self.server = RpcServer()
         self.server.register("store.kv_events", lambda r: self._info())
         self.server.register("store.kv_snapshot", self._snapshot)
         self.server.start()
 
     def _info(self) -> dict:
-        return {"address": self.address, "replay_address": "", "epoch": "e1", "sequence": self.sequence}
+        return {"address": self.address, "replay_address": "", "epoch": self.epoch, "sequence": self.sequence}
 
     def _snapshot(self, request) -> dict:
-        self.snapshots += 1
         return {**self._info(), "blocks": sorted([k, s] for k, s in self.replicas)}
 
     def publish(self, events: list[StoreEvent], send: bool = True) -> None:
@@ -111,7 +112,7 @@ def removed(block: int, segment: str = "pool-a") -> StoreEvent:
     return StoreEvent(REMOVED, obj(block, 0).decode(), segment)
 
 
-def test_the_subscriber_resyncs_after_a_lost_batch_and_survives_garbage():
+def test_the_subscriber_resyncs_after_a_lost_batch_a_restart_and_survives_garbage():
     master = FakeMaster()
     master.publish([stored(1)], send=False)  # before the subscriber: only the snapshot has it
     service = ServingService(resolve({}, environ={}))
@@ -142,6 +143,14 @@ def test_the_subscriber_resyncs_after_a_lost_batch_and_survives_garbage():
         master.publish([stored(3)], send=False)
         wait_for(lambda: subscriber.num_resyncs > resyncs, timeout=5.0)
         assert service.conductor.index.holders(3) == {POOL: 4}
+        # A restarted master: empty, counting from 0 again. Its first batches look old; the
+        # probe sees the new epoch and the index is rebuilt from the new master's snapshot.
+        resyncs = subscriber.num_resyncs
+        master.epoch, master.sequence, master.replicas = "e2", -1, set()
+        master.publish([stored(4)])
+        wait_for(lambda: subscriber.num_resyncs > resyncs, timeout=5.0)
+        assert service.conductor.index.holders(3) == {} and service.conductor.index.holders(4) == {POOL: 4}
+        assert subscriber.sequence == 0
     finally:
         subscriber.close()
         master.close()

@@ -17,11 +17,12 @@ import pytest
 from daemons.cluster.store_access import connect
 from daemons.model import KVCache, KVCacheLayout, ModelRunner, Sequence
 from daemons.workers.prefix_store import object_key
-from scheduler.block_hash import prefix_block_keys
+from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
                                    request, sse_events)
+from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
@@ -238,19 +239,22 @@ def test_the_conductor_index_forgets_what_the_store_removed(cluster):
     tokens = prompt(3 * BLOCK + 5, seed=30)
     complete(url, prompt=tokens, max_tokens=1)
     keys = prefix_block_keys(tokens, BLOCK)
+    wanted = [format_key(k) for k in keys]
     with RpcClient(address) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
-        def index() -> dict:
-            return conductor.call("conductor.index")
+        def holders() -> list[list[str]]:
+            return [conductor.call("conductor.index", {"blocks": wanted})["holders"][k] for k in wanted]
 
-        wait_until(lambda: index()["blocks"] >= 3)
-        before = index()["blocks"]
-        store.remove(object_key(keys[1], 1), force=True)
-        wait_until(lambda: index()["blocks"] == before - 1)
+        wait_until(lambda: all(holders()))
+        store.remove(object_key(keys[1], 1), force=True)  # one layer of the middle block
+        wait_until(lambda: not holders()[1])
+        assert holders()[0] and holders()[2]
         store.remove_all(force=True)
-        wait_until(lambda: index()["blocks"] == 0)
-        view = index()
+        wait_until(lambda: not any(holders()))
+        view = conductor.call("conductor.index")
         assert view["kv_events"]["malformed"] == 0 and view["kv_events"]["batches"] > 0
         assert view["max_blocks"] == 1_000_000
+        with pytest.raises(MooncakeError, match="not a block key"):
+            conductor.call("conductor.index", {"blocks": ["nope"]})
 
 
 def _kill(info: dict, name: str) -> None:
