@@ -38,7 +38,8 @@ from daemons.errors import BenchHostsFailed
 from daemons.ha.failover_scenario import Cluster, wait_until
 from daemons.serving.bench import Replayed, replay
 from daemons.serving.errors import Rejected
-from daemons.serving.figure5 import cost_figures, parse_metrics, policy_summary, simulate_policy, sim_requests
+from daemons.serving.figure5 import (cost_figures, parse_metrics, policy_summary, reuse_ceiling, simulate_policy,
+                                    sim_requests)
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
 from transfer.settings import resolve
@@ -255,9 +256,9 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
             signal.signal(sig, handler)
         if finished:
             shutil.rmtree(root, ignore_errors=True)  # else the daemons' logs stay, for the error to name
+    sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
+                             [out for _, _, out in requests])
     if costs is not None:
-        sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
-                                 [out for _, _, out in requests])
         config = resolve(cluster_settings(policies[0], block_tokens, request_timeout), environ={})
         base = SchedulerConfig.from_config(config)
         cache_tokens = config.prefill_segment_size // costs["kv_bytes_per_token"]
@@ -265,7 +266,7 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
         for policy in policies:
             rows[policy]["sim"] = simulate_policy(sim_slice, base.with_(policy=policy), num_hosts, costs,
                                                   cache_tokens, decode_tokens)
-    return {"costs": costs, "policies": rows, "namespaces_left": left}
+    return {"costs": costs, "reuse_ceiling": reuse_ceiling(sim_slice), "policies": rows, "namespaces_left": left}
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -93,6 +93,22 @@ def sim_requests(slice_: list[TraceRequest], prompts: list[list[int]], max_block
             for request, tokens, out in zip(slice_, prompts, max_tokens)]
 
 
+def reuse_ceiling(requests: list[TraceRequest]) -> float:
+    """Share of the slice's prompt blocks that a cache holding everything seen before would
+    serve (leading blocks only, as prefix reuse works): the most any policy can hit. Where this
+    is small, the policies cannot differ much whatever they do."""
+    seen: set[int] = set()
+    hit = total = 0
+    for request in requests:
+        total += len(request.hash_ids)
+        for block in request.hash_ids:
+            if block not in seen:
+                break
+            hit += 1
+        seen.update(request.hash_ids)
+    return hit / total if total else 0.0
+
+
 def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_prefill: int,
                     costs: dict[str, Any], cache_tokens: int, decode_kv_tokens: int) -> dict[str, Any]:
     """The simulator's prediction of one policy on ``num_prefill`` prefill instances and one

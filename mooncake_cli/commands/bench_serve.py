@@ -142,6 +142,7 @@ def _serve_on_hosts(trace: Path, requests: int, max_blocks: int, max_tokens: int
                           *(_ms_of(t[q]) for q in ("mean", "p50", "p99")), _ms_of(row["tbt"]["mean"]),
                           f"{row['hit_rate']:.0%}", counts, "-" if row["replicas"] is None else str(row["replicas"]),
                           f"{row['load_average']:.1f}", _ms_of(sim.get("mean")), _ms_of(sim.get("p99")))
+        table.caption += f"\nreuse ceiling of the slice (every block ever seen cached): {d['reuse_ceiling']:.0%}"
         costs = d.get("costs")
         if costs:
             table.caption += (f"\ncosts planned with: {costs['kv_bytes_per_token']} B/token of KV, pulls at "

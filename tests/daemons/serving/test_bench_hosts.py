@@ -10,7 +10,8 @@ import subprocess
 import psutil
 import pytest
 
-from daemons.serving.figure5 import DECISIONS, cost_figures, parse_metrics, policy_summary
+from daemons.serving.figure5 import DECISIONS, cost_figures, parse_metrics, policy_summary, reuse_ceiling
+from scheduler.sim.trace import TraceRequest
 
 DISTRIBUTION = {"mean", "p50", "p90", "p99"}
 
@@ -29,6 +30,7 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     data = json.loads(result.stdout)
     assert data["hosts"] == 2 and data["requests"] == 8 and data["namespaces_left"] == []
+    assert 0 <= data["reuse_ceiling"] <= 1
     row = data["policies"]["kvcentric"]
     assert set(row["ttft"]) == set(row["tbt"]) == DISTRIBUTION
     assert set(row["decisions"]) == set(DECISIONS)
@@ -73,3 +75,9 @@ def test_the_summary_counts_every_request_once():
     assert cost_figures(metrics) == {"kv_bytes_per_token": 2048, "transfer_bandwidth": 1.25e8,
                                      "prefill_coef": [0.001] * 3, "tbt_coef": [0.002] * 3}
     assert policy_summary([], {}, 0.0)["replicas"] is None  # not counted by this conductor
+
+
+def test_the_reuse_ceiling_counts_leading_blocks_seen_before():
+    requests = [TraceRequest(0.0, 96, 1, (1, 2, 3)), TraceRequest(1.0, 96, 1, (1, 2, 4)),
+                TraceRequest(2.0, 96, 1, (5, 2, 3))]  # the last shares blocks, but not its first
+    assert reuse_ceiling(requests) == 2 / 9
