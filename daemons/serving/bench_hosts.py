@@ -225,11 +225,12 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
     prefill hosts, then the simulator over the same slice priced with ``costs``: what the first
     policy's conductor planned with at the end of its run (its workers' start-up profiles, refitted
     by its live samples). Namespaces and processes are gone when this returns or raises; the
-    daemons' logs stay in a temporary directory only when it raises."""
+    daemons' logs stay in a temporary directory only when a daemon or the driver failed
+    (BenchHostsFailed names where)."""
     rows: dict[str, dict[str, Any]] = {}
     costs = None
     root = Path(tempfile.mkdtemp(prefix="mooncake-bench-hosts-"))
-    finished = False
+    keep_logs = False
     horizon = requests[-1][0] if requests else 0.0
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -250,12 +251,14 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 rows[policy]["load_average"] = os.getloadavg()[0]
                 costs = costs or cost_figures(metrics)
         left = hosts.remaining()
-        finished = True
+    except BenchHostsFailed:
+        keep_logs = True  # the error names a daemon's log in there
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if finished:
-            shutil.rmtree(root, ignore_errors=True)  # else the daemons' logs stay, for the error to name
+        if not keep_logs:
+            shutil.rmtree(root, ignore_errors=True)
     sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                              [out for _, _, out in requests])
     if costs is not None:
