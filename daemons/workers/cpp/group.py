@@ -147,7 +147,8 @@ class PrefillGroup:
         ready = max([last["logits_at"], *(a["sent_at"] for a in answers)]) if decode else last["logits_at"]
         return {"first_token": int(logits.argmax()), "logits": logits, "pipelined": pipelined,
                 "ttft": ready - sent, "done": max(a["done_at"] for a in answers) - sent,
-                "loaded_blocks": hit, "stored_blocks": held, "replicated_blocks": replicated, "kv_bytes": sum(a["kv_bytes"] for a in answers),
+                "loaded_blocks": hit, "stored_blocks": held, "replicated_blocks": replicated,
+                "kv_bytes": sum(a["kv_bytes"] for a in answers),
                 "timings": {"load": began - sent, "compute": last["logits_at"] - began,
                             "transfer": max(a["transfer"] for a in answers),
                             "store": max(a["store_tail"] for a in answers)},
