@@ -8,7 +8,6 @@ there."""
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 import pytest
@@ -19,7 +18,8 @@ from daemons.workers.prefix_store import object_key
 from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
-from tests.daemons.serving.helpers import SERVING_ENV, Reference, complete, metric, prompt
+from tests.daemons.serving.helpers import (SERVING_ENV, Reference, complete, metric, prompt, replica_segments,
+                                           segments_of, wait_for_holders, wait_until)
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
@@ -81,14 +81,9 @@ def test_a_prompt_served_twice_is_a_local_hit_from_the_groups_own_segment(cluste
     complete(url, prompt=tokens, max_tokens=1)
     keys = prefix_block_keys(tokens, BLOCK)
     wanted = [format_key(k) for k in keys]
-    # The group's puts end after its report; the index learns them from the master's events,
-    # and names the group (not the pool) because its heartbeat announces its segment.
+    # The index names the group (not the pool) because its heartbeat announces its segment.
     with RpcClient(conductor) as client:
-        deadline = time.monotonic() + 10
-        while (holders := client.call("conductor.index", {"blocks": wanted})["holders"]) != {
-                k: [group] for k in wanted}:
-            assert time.monotonic() < deadline, holders
-            time.sleep(0.05)
+        wait_for_holders(client, wanted, [group])
     answer = complete(url, prompt=tokens, max_tokens=6)
     summary = answer["mooncake"]
     assert summary["reason"] == "local_hit" and summary["prefill"] == group and summary["prefix_tokens"] == 3 * BLOCK
@@ -96,11 +91,9 @@ def test_a_prompt_served_twice_is_a_local_hit_from_the_groups_own_segment(cluste
     # Both stages put their layers in the group's segment, and only there.
     layers = reference.model.config.num_layers
     with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
-        client = next(c for c in store.master.inspect("clients") if c["client_id"].startswith(f"{group}-"))
-        mine = client["segments"]
+        mine = segments_of(store, group)
         names = [object_key(k, layer) for k in keys for layer in range(layers)]
-        assert {n: sorted(r["segment_id"] for r in store.master.inspect("key", n)["replicas"]) for n in names} \
-            == {n: mine for n in names}
+        assert replica_segments(store, names) == {n: mine for n in names}
     assert metric(url, "mooncake_decisions_total", reason="local_hit") >= 1
 
 
@@ -118,19 +111,14 @@ def test_a_prefix_pulled_from_the_pool_gets_a_replica_in_the_groups_segment(clus
     seq.block_table = list(range(len(keys)))
     ModelRunner(reference.model, kv).prefill(seq)
     with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
-        clients = store.master.inspect("clients")
-        mine = next(c for c in clients if c["client_id"].startswith(f"{group}-"))["segments"]
-        pool = next(segment for c in clients for segment in c["segments"] if segment not in mine)
+        mine = segments_of(store, group)
+        pool = next(segment for c in store.master.inspect("clients") for segment in c["segments"] if segment not in mine)
         for block, key in enumerate(keys):
             for layer in range(layers):
                 store.put(object_key(key, layer), kv.export_block(block, layer), preferred_segments=(pool,),
                           replicas=1)
         with RpcClient(conductor) as client:
-            deadline = time.monotonic() + 10
-            while (holders := client.call("conductor.index", {"blocks": wanted})["holders"]) != {
-                    k: [POOL] for k in wanted}:
-                assert time.monotonic() < deadline, holders
-                time.sleep(0.05)
+            wait_for_holders(client, wanted, [POOL])
         second = shared + prompt(20, seed=401)[1:]
         answer = complete(url, prompt=second, max_tokens=6)
         summary = answer["mooncake"]
@@ -139,12 +127,7 @@ def test_a_prefix_pulled_from_the_pool_gets_a_replica_in_the_groups_segment(clus
         # Each stage kept its layers of the pulled blocks in the group's segment (after the
         # report, in the background): every object now has a replica in the pool and there.
         names = [object_key(k, layer) for k in keys for layer in range(layers)]
-        deadline = time.monotonic() + 10
-        while not all(_replica_segments(store, n) == sorted([pool, *mine]) for n in names):
-            assert time.monotonic() < deadline, {n: _replica_segments(store, n) for n in names}
-            time.sleep(0.05)
+        wait_until(lambda: replica_segments(store, names) == {n: sorted([pool, *mine]) for n in names},
+                   what=lambda: replica_segments(store, names))
     assert metric(url, "mooncake_replicated_blocks_total") >= len(keys)
 
-
-def _replica_segments(store, name: str) -> list[str]:
-    return sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
