@@ -32,10 +32,12 @@ def connect(config: Config, segment_size: int = 0) -> StoreClient:
     return connect_to(config, master, cluster_id, segment_size=segment_size)
 
 
-def connect_to(config: Config, master: str, cluster_id: str, segment_size: int = 0) -> StoreClient:
+def connect_to(config: Config, master: str, cluster_id: str, segment_size: int = 0,
+               client_id: str | None = None) -> StoreClient:
     """A client of the master at ``master``: for a process that `up` starts, before cluster.json
-    (written once every daemon is up) exists."""
+    (written once every daemon is up) exists. ``client_id`` names it to the master (default: a
+    random one)."""
     paths = ClusterPaths.of(config.workdir)
     matrix = topology.load_matrix(paths.topology_file) if paths.topology_file.exists() else None
     return StoreClient(master, config, segment_size=segment_size, topology=matrix,
-                       shm_prefix=shm_prefix(cluster_id))
+                       shm_prefix=shm_prefix(cluster_id), client_id=client_id)

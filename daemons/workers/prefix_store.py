@@ -128,14 +128,15 @@ class PrefixStore:
         ok = [r is None or isinstance(r, ObjectAlreadyExists) for r in results]
         return ok.index(False) if False in ok else len(ok)
 
-    def keep(self, keys: list[BlockKey], block_ids: list[int]) -> Future:
-        """Copy every layer of blocks the worker pulled into its own segment, in the background,
-        from its pages; the future yields how many leading blocks got a copy of every layer."""
-        return self._queue(keys, self._keep, keys, block_ids)
+    def keep(self, keys: list[BlockKey], block_ids: list[int], layers: range | None = None) -> Future:
+        """Copy ``layers`` (default: all; a CPP stage keeps its own) of blocks the worker pulled
+        into its own segment, in the background, from its pages; the future yields how many
+        leading blocks got a copy of every one of those layers."""
+        return self._queue(keys, self._keep, keys, block_ids, layers or range(self.layout.num_layers))
 
-    def _keep(self, keys: list[BlockKey], block_ids: list[int]) -> int:
+    def _keep(self, keys: list[BlockKey], block_ids: list[int], layers: range) -> int:
         kept = len(keys)
-        for layer in range(self.layout.num_layers):
+        for layer in layers:
             addresses, sizes = self._spans(layer, block_ids[:kept])
             errors = self.client.batch_copy_from([object_key(k, layer) for k in keys[:kept]], addresses, sizes,
                                                  self.segment)

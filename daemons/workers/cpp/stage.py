@@ -1,17 +1,28 @@
-"""One process of a CPP prefill group: layers [a, b) of the model, its own KV pages, its own store.
+"""One process of a CPP prefill group: layers [a, b) of the model, its own KV pages, its own store client.
 
 Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in order:
 
     -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
     <- {"engine", "inbox"} | None    the next stage's (None on the last stage)
+    -> {"ok", "segment"}             the segment this stage contributes to the store (stage 0 of
+                                     a group with an instance-local cache), else None
+    <- segment | None                the group's segment
     <- job {"token_ids", "pipelined", "store": "layer" | "end" | "none", "want_kv", "wait_store",
-            "load_blocks", "decode": {"segment", "kv_address", "block_ids"} | None}
+            "load_blocks", "local_blocks", "source_segment", "replicate",
+            "decode": {"segment", "kv_address", "block_ids"} | None}
     -> {"ok", "error", "loaded", "load_s"}   leading prefix blocks now in this stage's layers
     <- start | None                  tokens every stage holds (the group's least "loaded"
                                      blocks); None: another stage failed, drop the job
     -> {"ok", "error", "logits", "logits_at", "sent_at", "done_at", "compute", "store_tail", "stored",
-        "transfer", "kv_bytes", "kv"}
+        "replicated", "transfer", "kv_bytes", "kv"}
     <- None                          stop
+
+The group's segment is its instance-local cache: stage 0's store client contributes it
+(``prefill_segment_size`` bytes, under the client id the group names), and every stage uses it
+as a plain prefill worker uses its own (:class:`daemons.workers.prefix_store.PrefixStore`): it
+reads the leading ``local_blocks`` of its layers from there and the rest from
+``source_segment``, puts its layers of new blocks there first, and with ``replicate`` keeps a
+copy there of its layers of the blocks it pulled.
 
 A pipelined job runs this stage's layers over every chunk; a short one runs on stage 0 alone
 with all layers (stage 0 keeps the whole model for that). Each stage loads a cached prefix of
@@ -75,24 +86,35 @@ class Stage:
         self.outbox: Outbox | None = None
         self.store = self.prefix = self.sender = None
         self.kv_address = 0
+        self.local_blocks = 0  # the job's leading blocks read from the group's segment
         self.seq: Sequence | None = None  # the job between its load and its run
         self.job: dict = {}
 
     def hello(self) -> dict:
         return {"engine": self.engine.name, "inbox": self.inbox.address if self.inbox else 0}
 
-    def connect(self, peer: dict | None, with_store: bool | tuple[str, str]) -> None:
+    def connect(self, peer: dict | None, with_store: bool | tuple[str, str], segment_owner: str | None) -> str | None:
+        """Link to the next stage and the store; with ``segment_owner`` (a client id) contribute
+        the group's segment. Returns that segment's id, or None."""
         if peer is not None:
             slot_bytes = self.slot_tokens * self.inbox_row_bytes()
             self.outbox = Outbox(self.engine, self.next_conn, peer["engine"], peer["inbox"], INBOX_SLOTS,
                                  slot_bytes, self.config.rpc_timeout)
-        if with_store:
-            from daemons.cluster.store_access import connect, connect_to
+        if not with_store:
+            return None
+        from daemons.cluster.store_access import connect_to, master_of
 
-            self.store = connect_to(self.config, *with_store) if isinstance(with_store, tuple) else connect(self.config)
-            self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())
-            self.prefix = PrefixStore(self.store, self.layout, self.kv_address)
-            self.sender = KvSender(self.store.engine, self.layout, self.kv_address)
+        master, cluster_id = with_store if isinstance(with_store, tuple) else master_of(self.config)
+        segment_size = self.config.prefill_segment_size if segment_owner else 0
+        self.store = connect_to(self.config, master, cluster_id, segment_size=segment_size, client_id=segment_owner)
+        self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())
+        self.sender = KvSender(self.store.engine, self.layout, self.kv_address)
+        return self.store.owner.segment.segment_id if self.store.owner else None
+
+    def join(self, segment: str | None) -> None:
+        """Use the group's ``segment`` (None: it has none) as this stage's instance-local cache."""
+        if self.store is not None:
+            self.prefix = PrefixStore(self.store, self.layout, self.kv_address, segment)
 
     def inbox_row_bytes(self) -> int:
         config = self.runner.stage.config
@@ -112,11 +134,14 @@ class Stage:
         self.pages.take(self.seq, timeout=self.config.request_timeout)
         runner = self.runner if job["pipelined"] else self.whole
         wanted = reusable_blocks(len(self.seq), self.layout.block_size, job.get("load_blocks", 0))
+        local = job.get("local_blocks")
+        self.local_blocks = wanted if local is None else min(local, wanted)
         if not wanted or self.prefix is None:
             return 0
         keys = self.seq.block_keys(self.layout.block_size, seed=self.config.block_hash_seed)[:wanted]
         hit, loads = self.prefix.load(keys, self.seq.block_table[:wanted],
-                                      range(runner.stage.start, runner.stage.stop))
+                                      range(runner.stage.start, runner.stage.stop),
+                                      local_blocks=self.local_blocks, source_segment=job.get("source_segment"))
         try:
             for pending in loads[1:]:
                 pending.result()
@@ -138,7 +163,8 @@ class Stage:
         seq.num_kv_tokens = start
         runner = self.runner if job["pipelined"] else self.whole
         size = self.layout.block_size
-        keys = dict(zip(seq.block_table, seq.block_keys(size, seed=self.config.block_hash_seed)))
+        block_keys = seq.block_keys(size, seed=self.config.block_hash_seed)
+        keys = dict(zip(seq.block_table, block_keys))
         stores, done_layers = [], []
         chunks = chunk_bounds(start, len(seq), self.chunk if job["pipelined"] else len(seq), size)
         decode = job.get("decode")
@@ -170,6 +196,14 @@ class Stage:
         sent = time.monotonic()
         for layer, pages in done_layers:
             stores.append((pages, self.prefix.store_layer(layer, [keys[p] for p in pages], pages)))
+        # Hot-block replication, after the KV went to decode (off the TTFT path): keep this
+        # stage's layers of the blocks pulled from another segment, from the pages it holds.
+        hit = start // size
+        pulled = max(0, hit - self.local_blocks)
+        keep = bool(job["store"] != "none" and job.get("replicate") and self.prefix.segment and pulled)
+        if keep:
+            self.prefix.keep(block_keys[self.local_blocks:hit], seq.block_table[self.local_blocks:hit],
+                             range(runner.stage.start, runner.stage.stop))
         if job.get("wait_store", True):
             stored = _leading_stored(runner.stage.stop - runner.stage.start, stores)
         else:  # answer now; the puts end in the background (what the serving group does)
@@ -182,6 +216,7 @@ class Stage:
         return {"ok": True, "logits": None if logits is None else logits.numpy().tobytes(),
                 "logits_at": computed if logits is not None else None, "sent_at": sent, "done_at": done,
                 "compute": computed - began, "store_tail": done - sent, "stored": stored,
+                "replicated": pulled if keep else 0,
                 "transfer": sent - computed, "kv_bytes": kv_bytes, "kv": kv}
 
 
@@ -203,15 +238,15 @@ def _leading_stored(num_layers: int, stores: list[tuple[list[int], Any]]) -> int
 
 
 def stage_main(values: dict, index: int, stages: int, jobs: Connection, prev: Connection | None,
-               next_: Connection | None, with_store: bool | tuple[str, str]) -> None:
+               next_: Connection | None, with_store: bool | tuple[str, str], segment_owner: str | None) -> None:
     # `mooncake down` signals a daemon's children too; a stage leaves when its group says so or
     # its pipe closes (the group's process is gone), so that it frees its shared memory first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stage = Stage(Config(values), index, stages, prev, next_)
     try:
         jobs.send(stage.hello())
-        stage.connect(jobs.recv(), with_store)
-        jobs.send({"ok": True})
+        jobs.send({"ok": True, "segment": stage.connect(jobs.recv(), with_store, segment_owner)})
+        stage.join(jobs.recv())
         while (job := jobs.recv()) is not None:
             try:
                 started = time.monotonic()

@@ -98,3 +98,33 @@ def sse_events(url: str, body: dict, timeout: float):
                 yield "[DONE]" if data == b"[DONE]" else json.loads(data)
     finally:
         connection.close()
+
+
+def wait_until(predicate, timeout: float = 10.0, what: object = "condition not reached in time") -> None:
+    """Poll ``predicate`` until it is true; fail with ``what`` (or what it returns, if callable)
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.05)
+
+
+def wait_for_holders(conductor, blocks: list[str], expected: list[str], timeout: float = 10.0) -> None:
+    """Wait until the conductor's index (``conductor.index``, through RpcClient ``conductor``)
+    names exactly ``expected`` as the holders of every block in ``blocks`` (formatted keys): a
+    worker's puts end after its report, and the index learns them from the master's events."""
+    def holders() -> dict:
+        return conductor.call("conductor.index", {"blocks": blocks})["holders"]
+    wait_until(lambda: holders() == {b: expected for b in blocks}, timeout, holders)
+
+
+def segments_of(store, worker: str) -> list[str]:
+    """The segments a prefill worker (or CPP group) owns: its store client id starts with its name."""
+    client = next(c for c in store.master.inspect("clients") if c["client_id"].startswith(f"{worker}-"))
+    return client["segments"]
+
+
+def replica_segments(store, names: list[str]) -> dict[str, list[str]]:
+    """Object name -> the segments its replicas are in, sorted, as the master lists them."""
+    return {name: sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
+            for name in names}

@@ -21,7 +21,7 @@ from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
 from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
-                                   request, sse_events)
+                                           replica_segments, request, segments_of, sse_events, wait_until)
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
@@ -123,12 +123,10 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     # its report, in the background): every object of the prefix has one replica in each.
     layers = reference.model.config.num_layers
     with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
-        wanted = sorted([_segment_of(store, holder), _segment_of(store, info["prefill"])])
+        wanted = sorted([segments_of(store, holder)[0], segments_of(store, info["prefill"])[0]])
         names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
-        deadline = time.monotonic() + 10
-        while _replica_segments(store, names) != {name: wanted for name in names}:
-            assert time.monotonic() < deadline, _replica_segments(store, names)
-            time.sleep(0.05)
+        wait_until(lambda: replica_segments(store, names) == {name: wanted for name in names},
+                   what=lambda: replica_segments(store, names))
     assert metric(url, "mooncake_decisions_total", reason="transfer") >= 1
     assert metric(url, "mooncake_replicated_blocks_total") >= 5
 
@@ -145,21 +143,10 @@ def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(cluster, refe
     # The holder put the prefix in its own segment only, and the hit moved nothing elsewhere.
     layers = reference.model.config.num_layers
     with connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
-        mine = _segment_of(store, holder)
+        mine = segments_of(store, holder)[0]
         names = [object_key(k, layer) for k in prefix_block_keys(shared, BLOCK) for layer in range(layers)]
-        assert _replica_segments(store, names) == {name: [mine] for name in names}
+        assert replica_segments(store, names) == {name: [mine] for name in names}
     assert metric(url, "mooncake_decisions_total", reason="local_hit") >= 1
-
-
-def _segment_of(store, worker: str) -> str:
-    """The segment a prefill worker owns (its store client id starts with its name)."""
-    client = next(c for c in store.master.inspect("clients") if c["client_id"].startswith(f"{worker}-"))
-    return client["segments"][0]
-
-
-def _replica_segments(store, names: list[str]) -> dict[str, list[str]]:
-    return {name: sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
-            for name in names}
 
 
 def test_eight_concurrent_requests_each_match_the_reference(cluster, reference):
@@ -224,13 +211,6 @@ def test_the_conductor_keeps_serving_and_reports_metrics(cluster):
     assert metric(url, "mooncake_ttft_seconds_count") >= 10
     assert metric(url, "mooncake_prefix_hit_tokens_total") >= 4 * BLOCK
     assert metric(url, "mooncake_workers", role="decode") == 2
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def test_the_conductor_index_forgets_what_the_store_removed(cluster):
