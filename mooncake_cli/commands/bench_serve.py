@@ -20,7 +20,11 @@ DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "con
 def serve(
     trace: Path = typer.Option(DEFAULT_TRACE, help="Trace file (JSONL: timestamp ms, input_length, "
                                "output_length, hash_ids)."),
-    requests: int = typer.Option(200, min=1, help="Requests from the start of the trace."),
+    requests: int = typer.Option(200, min=1, help="Requests from the start of the trace (with --min-turns, "
+                                 "from the start of those conversations)."),
+    min_turns: int = typer.Option(1, "--min-turns", min=1, help="Keep only the requests of conversations "
+                                  "with at least this many turns in the trace (a conversation: the first two "
+                                  "trace blocks); 1 keeps every request. Arrivals then start at 0."),
     max_blocks: int = typer.Option(8, min=1, help="Trace blocks kept per request (each becomes one "
                                    "KV block of the cluster's kv_block_tokens tokens)."),
     max_tokens: int = typer.Option(16, min=1, help="Output tokens per request at most."),
@@ -51,18 +55,17 @@ def serve(
     (seconds), hit rate, the conductor's decisions, replicas and rejections, beside the
     simulator's prediction for the same slice priced with the costs the live conductor used."""
     if hosts:
-        _serve_on_hosts(trace, requests, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
+        _serve_on_hosts(trace, requests, min_turns, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
                         json_output, config)
         return
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons.serving.bench import replay, scale
     from daemons.serving.client import find_conductor
-    from scheduler.sim.trace import load_trace
 
     try:
         conductor = find_conductor(config)
         url, block = conductor["http_address"], conductor["kv_block_tokens"]
-        slice_ = load_trace(trace, speedup=speedup, limit=requests)
+        slice_ = _slice(trace, speedup, requests, min_turns)
         runs = []
         for reuse in (False, True):
             if not json_output:
@@ -72,7 +75,7 @@ def serve(
     except MooncakeError as exc:
         fail_on(exc)
     off, on = runs
-    data = {"trace": str(trace), "requests": len(slice_), "block_tokens": block, "max_blocks": max_blocks,
+    data = {"trace": str(trace), "requests": len(slice_), "min_turns": min_turns, "block_tokens": block, "max_blocks": max_blocks,
             "speedup": speedup, "runs": runs,
             "ttft_p50_speedup": (off["ttft_ms"]["p50"] / on["ttft_ms"]["p50"]
                                  if off["ttft_ms"]["p50"] and on["ttft_ms"]["p50"] else None)}
@@ -98,12 +101,21 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _serve_on_hosts(trace: Path, requests: int, max_blocks: int, max_tokens: int, speedup: float, hosts: int,
+def _slice(trace: Path, speedup: float, requests: int, min_turns: int) -> list:
+    """The replayed requests: the first ``requests`` of the trace, or of its conversations with
+    at least ``min_turns`` turns (read whole: a conversation's turns are spread over it)."""
+    from scheduler.sim.trace import load_trace, multi_turn
+
+    if min_turns == 1:
+        return load_trace(trace, speedup=speedup, limit=requests)
+    return multi_turn(load_trace(trace, speedup=speedup), min_turns)[:requests]
+
+
+def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int, max_tokens: int, speedup: float, hosts: int,
                     link_gbps: float | None, policy: str, block_tokens: int, json_output: bool,
                     config: Config) -> None:
     from daemons.serving.bench import scale
     from daemons.serving.bench_hosts import missing_prerequisites, run_figure5
-    from scheduler.sim.trace import load_trace
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
@@ -112,7 +124,7 @@ def _serve_on_hosts(trace: Path, requests: int, max_blocks: int, max_tokens: int
     if why:
         fail(why)
     try:
-        slice_ = load_trace(trace, speedup=speedup, limit=requests)
+        slice_ = _slice(trace, speedup, requests, min_turns)
         scaled = scale(slice_, block_tokens, max_blocks, max_tokens, salt="hosts")
         if not json_output:
             stderr.print(f"replaying {len(slice_)} requests on {hosts} prefill hosts + 1 head, "
@@ -122,7 +134,7 @@ def _serve_on_hosts(trace: Path, requests: int, max_blocks: int, max_tokens: int
                              start_timeout=max(config.start_timeout, 120.0))
     except MooncakeError as exc:
         fail_on(exc)
-    data = {"trace": str(trace), "hosts": hosts, "link_gbps": link_gbps, "requests": len(slice_),
+    data = {"trace": str(trace), "hosts": hosts, "link_gbps": link_gbps, "requests": len(slice_), "min_turns": min_turns,
             "block_tokens": block_tokens, "max_blocks": max_blocks, "max_tokens": max_tokens, "speedup": speedup,
             **result}
 

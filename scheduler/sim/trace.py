@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections import Counter
 from collections.abc import Iterable
 
 from scheduler.errors import TraceFormatError
@@ -54,3 +55,26 @@ def load_trace(path: str | Path, *, speedup: float = 1.0, limit: int | None = No
             return parse_trace(handle, speedup=speedup, limit=limit, source=str(path))
     except OSError as exc:
         raise TraceFormatError(f"{path}: {exc.strerror}") from None
+
+
+def conversation_of(request: TraceRequest) -> tuple[int, ...]:
+    """The conversation a request belongs to: its first two blocks. In the conversation trace
+    every prompt starts with one shared block (the system prompt) and the next block is the
+    conversation's first turn, which every later turn of it repeats (ids chain like prefix keys)."""
+    return request.hash_ids[:2]
+
+
+def multi_turn(requests: list[TraceRequest], min_turns: int) -> list[TraceRequest]:
+    """The requests of conversations with at least ``min_turns`` requests in ``requests``, in
+    trace order, arrivals moved so the first comes at 0.
+
+    A window from the start of the trace holds mostly first turns (a conversation's next turn
+    comes minutes later), so little of it can be reused whatever a policy does; this keeps the
+    conversations whose later turns do come, which is the reuse prefix caching exists for.
+    ``min_turns`` 1 keeps every request."""
+    if min_turns < 1:
+        raise ValueError("min_turns must be at least 1")
+    turns = Counter(conversation_of(r) for r in requests)
+    kept = [r for r in requests if turns[conversation_of(r)] >= min_turns]
+    start = kept[0].arrival if kept else 0.0
+    return [TraceRequest(r.arrival - start, r.input_length, r.output_length, r.hash_ids) for r in kept]

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler.errors import TraceFormatError
 from scheduler.sim.sweep import capacity_sweep, hit_rate
-from scheduler.sim.trace import TraceRequest, load_trace, parse_trace
+from scheduler.sim.trace import TraceRequest, load_trace, multi_turn, parse_trace
 
 REAL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 
@@ -31,6 +31,18 @@ def test_hit_rate_by_capacity_on_a_hand_built_trace():
     assert hit_rate(trace, None) == pytest.approx(1000 / 3048)
     assert hit_rate(trace, 1024) == 0.0  # two blocks: r1 evicts r0's
     assert [row["hit_rate"] for row in capacity_sweep(trace, (1024, 2048))] == pytest.approx([0.0, 1000 / 3048])
+
+
+def test_multi_turn_keeps_the_conversations_with_enough_turns_in_order_from_zero():
+    a1, b1, a2, c1, a3, b2 = (TraceRequest(t, 600, 1, ids) for t, ids in (
+        (1.0, (0, 1)), (2.0, (0, 5)), (3.0, (0, 1, 2)), (4.0, (0, 7)), (5.0, (0, 1, 2, 3)), (6.0, (0, 5, 6))))
+    trace = [a1, b1, a2, c1, a3, b2]
+    assert [r.hash_ids for r in multi_turn(trace, 3)] == [(0, 1), (0, 1, 2), (0, 1, 2, 3)]
+    assert [r.arrival for r in multi_turn(trace, 2)] == [0.0, 1.0, 2.0, 4.0, 5.0]
+    assert multi_turn(trace, 1) == [TraceRequest(r.arrival - 1.0, 600, 1, r.hash_ids) for r in trace]
+    assert multi_turn(trace, 4) == []
+    with pytest.raises(ValueError):
+        multi_turn(trace, 0)
 
 
 def test_real_conversation_trace_reuse_ratio_and_lru_curve():
