@@ -6,6 +6,7 @@ Exit codes are part of the scripting contract: 0 success, 1 the operation failed
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, NoReturn
 from collections.abc import Callable
@@ -18,7 +19,11 @@ from transfer.errors import MooncakeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-stdout = Console(soft_wrap=True)
+# Piped into a file or another program there is no terminal to fit: rich would then squeeze a
+# table into 80 columns and cut its numbers short ("17…"), so such output gets room to be whole.
+# COLUMNS, when set, still wins, as rich's own default does.
+PIPED_WIDTH = 240
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
 stderr = Console(stderr=True, soft_wrap=True)
 
 JSON_HELP = "Print the result as JSON (stable schema) instead of a table."

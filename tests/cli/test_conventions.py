@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
 
 
 def test_config_show_reports_value_and_source_for_every_layer(mooncake, tmp_path):
@@ -42,3 +47,16 @@ def test_status_json_is_parseable_even_when_failing(mooncake):
     result = mooncake("status", "--json")
     assert result.returncode == 0
     assert json.loads(result.stdout)["healthy"] is True
+
+
+def test_a_piped_table_keeps_every_number_whole():
+    """Piped into a file there is no terminal width to fit: a wide table must not be cut to 80
+    columns with its numbers shortened to "…" (scripts and notes read these tables)."""
+    code = ("from rich.table import Table\nfrom mooncake_cli.output import emit\n"
+            "table = Table(*[f'column {i}' for i in range(12)])\n"
+            "table.add_row(*[f'{i * 123456.789:.3f}' for i in range(12)])\n"
+            "emit({}, False, lambda data: table)\n")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, cwd=REPO, check=True)
+    text = result.stdout.decode()
+    assert "…" not in text and all(f"{i * 123456.789:.3f}" in text for i in range(12))
