@@ -47,8 +47,12 @@ def test_status_through_the_master_lists_every_daemon_alive(remote):
     by_role = {d["role"]: d for d in data["daemons"]}
     assert set(by_role) == {"master", "store-client", "conductor"}
     assert all(d["alive"] for d in data["daemons"])
-    store = by_role["store-client"]
-    assert [s["capacity_bytes"] for s in store["segments"]] == [16 * 2**20]
+    # Two store clients hold segments: the store-client daemon (the pool) and the prefill worker,
+    # whose instance-local cache is a segment of prefill_segment_size (256 MiB by default).
+    clients = {d["segments"][0]["capacity_bytes"]: d for d in data["daemons"] if d["role"] == "store-client"}
+    assert sorted(clients) == [16 * 2**20, 256 * 2**20]
+    assert clients[256 * 2**20]["name"].startswith("prefill")
+    store = clients[16 * 2**20]
     assert store["address"] == store["segments"][0]["endpoint"]
     assert 0 <= store["last_seen_ago"] < 5
     assert by_role["conductor"]["address"].startswith("tcp://")
