@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from collections.abc import Sequence as Samples
 
 import numpy as np
@@ -59,6 +60,16 @@ def _scratch_runner(model: LlamaModel, block_size: int, num_blocks: int) -> tupl
     return ModelRunner(model, KVCache(layout)), BlockManager(num_blocks, block_size)
 
 
+def _within_budget(shapes: Samples[tuple[int, int]], budget_s: float, samples: list) -> Iterator[tuple[int, int]]:
+    """The shapes to profile, in order, until ``budget_s`` has passed; the first ``MIN_SHAPES``
+    (as many ``samples`` as a fit needs) whatever the time."""
+    deadline = time.monotonic() + budget_s
+    for shape in shapes:
+        if len(samples) >= MIN_SHAPES and time.monotonic() > deadline:
+            return
+        yield shape
+
+
 def _tokens(count: int, vocab: int, rng: np.random.Generator) -> list[int]:
     return [int(t) for t in rng.integers(0, vocab, count)]
 
@@ -69,10 +80,8 @@ def profile_prefill(model: LlamaModel, block_size: int, budget_s: float,
     blocks = max(-(-(new + prefix) // block_size) for new, prefix in shapes) + 1
     runner, pages = _scratch_runner(model, block_size, blocks)
     rng = np.random.default_rng(0)
-    samples, deadline = [], time.monotonic() + budget_s
-    for new, prefix in shapes:
-        if len(samples) >= MIN_SHAPES and time.monotonic() > deadline:
-            break
+    samples: list[tuple[int, int, float]] = []
+    for new, prefix in _within_budget(shapes, budget_s, samples):
         prefix -= prefix % block_size
         prompt = _tokens(new + prefix, model.config.vocab_size, rng)
         seq = Sequence.from_prompt("calibration", prompt, max_tokens=1)
@@ -102,10 +111,8 @@ def profile_decode(model: LlamaModel, block_size: int, budget_s: float,
     blocks = max(batch * (context // block_size + 2) for batch, context in shapes)
     runner, pages = _scratch_runner(model, block_size, blocks)
     rng = np.random.default_rng(0)
-    samples, deadline = [], time.monotonic() + budget_s
-    for batch, context in shapes:
-        if len(samples) >= MIN_SHAPES and time.monotonic() > deadline:
-            break
+    samples: list[tuple[int, int, float]] = []
+    for batch, context in _within_budget(shapes, budget_s, samples):
         seqs = [Sequence.from_prompt(f"calibration-{i}", _tokens(context, model.config.vocab_size, rng),
                                      max_tokens=steps) for i in range(batch)]
         for seq in seqs:
