@@ -7,13 +7,14 @@ Lifecycle of one request, every call taking the time ``now`` as an argument:
     decode_id = conductor.admit_decode(request_id, now)  # None: rejected at decode
     conductor.decode_finished(request_id, now)
 
-Cache state arrives as events: ``conductor.blocks_stored(instance_id, keys)`` (or, for a
-simulator that owns the index it passes in, ``index.block_stored`` and ``block_evicted``). A
-request that ends early, however it ended, is closed with ``conductor.abandon(request_id, now)``.
-A decision that pulls a prefix names ``transfer_from`` and lists ``transfer_keys``: the prefill
-instance pulls those blocks from the holder (live: from the store segment that holder's worker
-owns) and keeps a replica of them in its own, and its report makes it a holder of the hot
-prefix. Live, the KV goes to the planned decode instance layer by layer while the prefill
+Cache state arrives as events on the index: live, the master's KV events
+(:mod:`daemons.serving.kv_events`); in the simulator, its own caches' ``index.block_stored`` and
+``block_evicted`` (``conductor.blocks_stored(instance_id, keys)`` for callers without an index of
+their own, such as `bench sched`). A request that ends early, however it ended, is closed with
+``conductor.abandon(request_id, now)``. A decision that pulls a prefix names ``transfer_from`` and
+lists ``transfer_keys``: the prefill instance pulls those blocks from the holder (live: from the
+store segment that holder's worker owns) and keeps a replica of them in its own, and the
+master's event for that replica makes it a holder of the hot prefix. Live, the KV goes to the planned decode instance layer by layer while the prefill
 computes, and the prefill reports once its last layer is there.
 
 Costs: the predictors start from the configured figures; workers measure this machine's at start

@@ -50,9 +50,6 @@ class EventLog:
         taken, self._pending = self._pending, []
         return taken
 
-    def peek(self) -> list[StoreEvent]:
-        return list(self._pending)
-
 
 def batch_of(events: list[StoreEvent], ts: float) -> KVEventBatch:
     """One batch; consecutive events of one kind on one segment share one message (a batch put
