@@ -23,13 +23,13 @@ from daemons.model.reference import generate_reference
 from daemons.model.runner import LayerDone, ModelRunner, reusable_blocks
 from daemons.model.sequence import Sequence
 from daemons.model.stage import StageModel, StageRunner, split_layers
-from daemons.model.tokenizer import ByteTokenizer
+from daemons.model.tokenizer import ByteTokenizer, Detokenizer, Tokenizer
 from daemons.model.weights import load_checkpoint, save_checkpoint
 
 __all__ = [
-    "BlockManager", "ByteTokenizer", "CheckpointError", "ContinuousBatcher", "KVCache", "KVCacheFull",
+    "BlockManager", "ByteTokenizer", "CheckpointError", "ContinuousBatcher", "Detokenizer", "KVCache", "KVCacheFull",
     "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig", "ModelRunner", "QueueLink", "Sequence",
-    "StageModel", "StageRunner", "TokenEvent", "build_model", "build_tokenizer", "chunk_bounds",
+    "StageModel", "StageRunner", "TokenEvent", "Tokenizer", "build_model", "build_tokenizer", "chunk_bounds",
     "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads", "random_model",
     "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",
 ]
