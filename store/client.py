@@ -56,7 +56,7 @@ class StoreClient:
         self.config = config or resolve()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
-                                   self.config.rpc_busy_poll)
+                                   self.config.rpc_busy_poll, self.config.store_max_batch_keys)
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None

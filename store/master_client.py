@@ -16,8 +16,11 @@ from transfer.etcd.leader import master_rpc
 
 
 class MasterClient:
-    def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0) -> None:
+    def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0,
+                 max_batch_keys: int | None = None) -> None:
         self.address, self.client_id = address, client_id
+        # The master's store_max_batch_keys: longer batches go as several calls. None: as one.
+        self.max_batch_keys = max_batch_keys
         # etcd://... follows the elected master
         self.rpc = master_rpc(address, timeout=timeout, busy_poll=busy_poll)
 
@@ -26,6 +29,16 @@ class MasterClient:
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         return self.rpc.call(f"store.{op}", args, timeout=timeout)
+
+    def _batch_call(self, op: str, keys: list[str], per_key: dict[str, list], **args: Any) -> list:
+        """A batch op over ``keys`` (and the lists in ``per_key``, item for item) in calls of at
+        most ``max_batch_keys`` keys; the per-item wire results, concatenated in order."""
+        step = self.max_batch_keys or max(1, len(keys))
+        results: list = []
+        for start in range(0, max(1, len(keys)), step):
+            chunk = {name: values[start:start + step] for name, values in per_key.items()}
+            results += self._call(op, keys=keys[start:start + step], **chunk, **args)
+        return results
 
     # -- writes --------------------------------------------------------------------------------
     def put_start(self, key: str, size: int, config: ReplicateConfig, upsert: bool = False) -> list[ReplicaDescriptor]:
@@ -41,35 +54,35 @@ class MasterClient:
 
     def batch_put_start(self, keys: list[str], sizes: list[int], config: ReplicateConfig,
                         upsert: bool = False) -> list:
-        wire = self._call("batch_upsert_start" if upsert else "batch_put_start", client_id=self.client_id,
-                          keys=keys, sizes=sizes, config=config_to_wire(config))
+        wire = self._batch_call("batch_upsert_start" if upsert else "batch_put_start", keys, {"sizes": sizes},
+                                client_id=self.client_id, config=config_to_wire(config))
         return batch_from_wire(wire, lambda rs: [descriptor_from_wire(r) for r in rs])
 
     def batch_put_end(self, keys: list[str], checksums: list[int | None]) -> list:
-        return batch_from_wire(self._call("batch_put_end", client_id=self.client_id, keys=keys,
-                                          checksums=checksums))
+        return batch_from_wire(self._batch_call("batch_put_end", keys, {"checksums": checksums},
+                                                client_id=self.client_id))
 
     def batch_put_revoke(self, keys: list[str]) -> list:
-        return batch_from_wire(self._call("batch_put_revoke", client_id=self.client_id, keys=keys))
+        return batch_from_wire(self._batch_call("batch_put_revoke", keys, {}, client_id=self.client_id))
 
     # -- reads and removal ---------------------------------------------------------------------
     def get_replica_list(self, key: str) -> ReplicaList:
         return replica_list_from_wire(self._call("get_replica_list", key=key))
 
     def batch_get_replica_list(self, keys: list[str]) -> list:
-        return batch_from_wire(self._call("batch_get_replica_list", keys=keys), replica_list_from_wire)
+        return batch_from_wire(self._batch_call("batch_get_replica_list", keys, {}), replica_list_from_wire)
 
     def exists(self, key: str) -> bool:
         return bool(self._call("exists", key=key))
 
     def batch_exists(self, keys: list[str]) -> list[bool]:
-        return [bool(v) for v in self._call("batch_exists", keys=keys)]
+        return [bool(v) for v in self._batch_call("batch_exists", keys, {})]
 
     def remove(self, key: str, force: bool = False) -> None:
         self._call("remove", key=key, force=force)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list:
-        return batch_from_wire(self._call("batch_remove", keys=keys, force=force))
+        return batch_from_wire(self._batch_call("batch_remove", keys, {}, force=force))
 
     def remove_all(self, force: bool = False) -> int:
         return int(self._call("remove_all", force=force))

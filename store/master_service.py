@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 class StoreService:
     def __init__(self, config: Config, publisher: KvEventPublisher | None = None) -> None:
         self.state = MasterState(StorePolicy.from_config(config))
+        self.max_batch_keys = config.store_max_batch_keys
         self.lock = threading.Lock()
         self.publisher = publisher  # None: events are recorded and dropped
         # A fresh state holds nothing: whoever followed an earlier one (a deposed or replaced
@@ -143,23 +144,23 @@ class StoreService:
                                                 a.get("checksum") if isinstance(a.get("checksum"), int) else None),
             "put_revoke": lambda a, now: s.put_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
             "batch_put_start": lambda a, now: batch_to_wire(s.batch_put_start(
-                str_arg(a, "client_id"), str_list_arg(a, "keys"), int_list_arg(a, "sizes"), now,
+                str_arg(a, "client_id"), self._batch_keys(a), int_list_arg(a, "sizes"), now,
                 config_from_wire(a.get("config", {})))),
             "batch_upsert_start": lambda a, now: batch_to_wire(s.batch_upsert_start(
-                str_arg(a, "client_id"), str_list_arg(a, "keys"), int_list_arg(a, "sizes"), now,
+                str_arg(a, "client_id"), self._batch_keys(a), int_list_arg(a, "sizes"), now,
                 config_from_wire(a.get("config", {})))),
             "batch_put_end": lambda a, now: batch_to_wire(s.batch_put_end(
-                str_arg(a, "client_id"), str_list_arg(a, "keys"), now, _checksums(a))),
+                str_arg(a, "client_id"), self._batch_keys(a), now, _checksums(a))),
             "batch_put_revoke": lambda a, now: batch_to_wire(s.batch_put_revoke(
-                str_arg(a, "client_id"), str_list_arg(a, "keys"), now)),
+                str_arg(a, "client_id"), self._batch_keys(a), now)),
             "get_replica_list": lambda a, now: replica_list_to_wire(s.get_replica_list(str_arg(a, "key"), now)),
             "batch_get_replica_list": lambda a, now: batch_to_wire(
-                s.batch_get_replica_list(str_list_arg(a, "keys"), now), replica_list_to_wire),
+                s.batch_get_replica_list(self._batch_keys(a), now), replica_list_to_wire),
             "exists": lambda a, now: s.exists(str_arg(a, "key")),
-            "batch_exists": lambda a, now: s.batch_exists(str_list_arg(a, "keys")),
+            "batch_exists": lambda a, now: s.batch_exists(self._batch_keys(a)),
             "remove": lambda a, now: s.remove(str_arg(a, "key"), now, bool_arg(a, "force")),
             "batch_remove": lambda a, now: batch_to_wire(
-                s.batch_remove(str_list_arg(a, "keys"), now, bool_arg(a, "force"))),
+                s.batch_remove(self._batch_keys(a), now, bool_arg(a, "force"))),
             "remove_all": lambda a, now: s.remove_all(now, bool_arg(a, "force")),
             "mount_segment": lambda a, now: s.mount_segment(
                 str_arg(a, "client_id"), segment_from_wire(a.get("segment")), now),
@@ -182,6 +183,16 @@ class StoreService:
             "inspect": self._inspect,
             "kv_events": self._kv_events,
         }
+
+    def _batch_keys(self, args: dict) -> list[str]:
+        """A batch op's keys, refused beyond ``store_max_batch_keys``: the ops run under the store
+        lock on the I/O thread, so one huge batch would hold every other client (and their pings,
+        which keep them alive) for as long as it takes."""
+        keys = args.get("keys")
+        if isinstance(keys, list) and len(keys) > self.max_batch_keys:
+            raise InvalidParams(f"a batch of {len(keys)} keys exceeds the limit of {self.max_batch_keys} "
+                                "(store_max_batch_keys): split it")
+        return str_list_arg(args, "keys")
 
     def _remount(self, args: dict, now: float) -> dict:
         segments = args.get("segments")

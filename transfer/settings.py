@@ -287,6 +287,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Bytes of memory each store client contributes to the pool as its segment.", minimum=0),
     _s("store", "store_clients", "int", 1,
        "Store-client daemons `mooncake up` starts, each contributing one segment.", minimum=0),
+    _s("store", "store_max_batch_keys", "int", 8192,
+       "Most keys one batch op may name. The master refuses a larger batch (INVALID_PARAMS) "
+       "so that no request holds it for long; the store's client library splits larger "
+       "batches into calls of this size.", minimum=1),
     _s("store", "lease_ttl", "duration", 10.0,
        "Read lease a get is granted: the object is not removed or evicted before it ends."),
     _s("store", "soft_pin_ttl", "duration", 30 * 60.0,

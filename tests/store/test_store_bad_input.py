@@ -7,7 +7,7 @@ import zmq
 
 from daemons.cluster.directory import daemon_address
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
-from store_cluster import FAST, client_for, paths_of
+from store_cluster import FAST, client_for, paths_of, value_for
 from transfer.errors import UnknownOperation
 from transfer.rpc.client_server import RpcClient
 
@@ -64,3 +64,26 @@ def test_bad_requests_get_errors_and_the_master_keeps_serving(mooncake):
         with pytest.raises(MooncakeError):
             writer.put("", b"x")
     assert mooncake.json("status", env=FAST)["healthy"] is True
+
+
+def test_a_batch_over_the_limit_is_refused_before_it_can_starve_a_live_client(mooncake):
+    """store_max_batch_keys bounds the work one request does under the master's lock: a hostile
+    batch is refused at once (before the limit, 400k keys held the lock for seconds, longer than
+    the 1 s client TTL, and the live store client was expired with its objects), while the
+    library splits a legitimate large batch into calls under the limit."""
+    limit = 64
+    assert mooncake("up", env={**FAST, "MOONCAKE_STORE_MAX_BATCH_KEYS": str(limit)}).returncode == 0
+    address = daemon_address(paths_of(mooncake.workdir), "master")
+    with client_for(mooncake.workdir, store_max_batch_keys=limit) as client:
+        keys = [f"bulk-{i}" for i in range(3 * limit + 5)]
+        assert client.batch_put(keys, [value_for(k, 256) for k in keys]) == [None] * len(keys)
+        with RpcClient(address, timeout=30) as rpc:
+            for _ in range(3):
+                with pytest.raises(InvalidParams, match="store_max_batch_keys"):
+                    rpc.call("store.batch_get_replica_list", {"keys": [f"k{i}" for i in range(400_000)]})
+            assert len(rpc.call("store.batch_exists", {"keys": keys[:limit]})) == limit
+            with pytest.raises(InvalidParams):
+                rpc.call("store.batch_exists", {"keys": keys[:limit + 1]})
+        # The store client that holds them stayed alive through it: nothing was dropped.
+        assert client.batch_exists(keys) == [True] * len(keys)
+        assert [bytes(v) for v in client.batch_get(keys)] == [value_for(k, 256) for k in keys]
