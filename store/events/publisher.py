@@ -42,6 +42,7 @@ PUB_HWM = 100_000  # batches ZeroMQ queues per slow subscriber before it drops (
 # How often the thread sends what piled up and looks at the replay socket. Waking it per RPC
 # instead cost a 4 KiB put about 30 us of the master's time (a thread switch each).
 SEND_INTERVAL_S = 0.005
+REQUEST_LIMIT = 64 * 2**10  # bytes of one subscription or replay request
 
 
 class SnapshotMark:
@@ -69,6 +70,10 @@ class KvEventPublisher:
         self._pub = context.socket(zmq.PUB)
         self._pub.set_hwm(PUB_HWM)
         self._replay = context.socket(zmq.ROUTER)
+        # Both take only small requests (subscriptions, replay ranges): nobody can make the
+        # master buffer a large frame through them.
+        for sock in (self._pub, self._replay):
+            sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_LIMIT)
         try:
             self._pub.bind(f"tcp://{host}:{port or '*'}")
             self._replay.bind(f"tcp://{host}:{replay_port or '*'}")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import zmq
 
 from daemons.cluster.directory import daemon_address
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
 from store_cluster import FAST, client_for, paths_of, value_for
-from transfer.errors import UnknownOperation
+from transfer.errors import MessageTooLarge, UnknownOperation
 from transfer.rpc.client_server import RpcClient
 
 
@@ -87,3 +90,35 @@ def test_a_batch_over_the_limit_is_refused_before_it_can_starve_a_live_client(mo
         # The store client that holds them stayed alive through it: nothing was dropped.
         assert client.batch_exists(keys) == [True] * len(keys)
         assert [bytes(v) for v in client.batch_get(keys)] == [value_for(k, 256) for k in keys]
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's high-water mark of resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_a_frame_over_the_limit_is_dropped_before_the_master_buffers_it(mooncake):
+    """ZeroMQ reads a frame whole before the daemon sees it: without MAXMSGSIZE on the socket,
+    a 256 MiB frame sent to a master whose limit is 1 MiB raised its peak RSS by 256 MiB."""
+    env = {**FAST, "MOONCAKE_RPC_MAX_MESSAGE_SIZE": "1MiB"}
+    assert mooncake("up", env=env).returncode == 0
+    paths = paths_of(mooncake.workdir)
+    address = daemon_address(paths, "master")
+    pid = json.loads(paths.pidfile("master").read_text())["pid"]
+    before = _peak_rss(pid)
+
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(address)
+    raw.send_multipart([b"x" * (256 * 2**20)], copy=False)
+    assert not raw.poll(3000)  # dropped unanswered: the connection is closed on the frame's header
+    raw.close()
+
+    with RpcClient(address, timeout=5) as rpc:
+        assert rpc.call("store.inspect", {"what": "counters"})  # still serving
+        with pytest.raises(MessageTooLarge):  # frames under the cap, over the limit together: a typed error
+            rpc.call("store.inspect", {"what": "counters"}, frames=[bytes(600 * 2**10)] * 2)
+    assert _peak_rss(pid) - before < 64 * 2**20

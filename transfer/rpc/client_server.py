@@ -112,6 +112,10 @@ class RpcServer:
         self._socket.setsockopt(zmq.LINGER, 0)
         # A peer that disconnects while we reply must not make send() raise or block.
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # ZeroMQ buffers a frame whole before we see it: without this cap a peer that declares a
+        # 1 GiB frame makes the daemon allocate it. Over the cap, ZeroMQ drops the connection as
+        # soon as the frame's header arrives; smaller messages over the limit get a typed error.
+        self._socket.setsockopt(zmq.MAXMSGSIZE, stream.body_limit(max_message_size))
         self._socket.bind(bind)
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.max_message_size = max_message_size

@@ -178,8 +178,9 @@ def _send_some(sock: socket.socket, buffers: list[Buffer]) -> list[Buffer]:
     return left
 
 
-def _body_limit(max_message_size: int) -> int:
-    # The body carries the frame table too: room for a few hundred frames' lengths.
+def body_limit(max_message_size: int) -> int:
+    """Most bytes a peer may send as one message (or, on ZeroMQ, one frame) before it is refused
+    unread: the limit itself, plus the frame table (room for a few hundred frames' lengths)."""
     return max_message_size + 4096
 
 
@@ -250,7 +251,7 @@ class ServerConnection:
     def __init__(self, sock: socket.socket, max_message_size: int) -> None:
         self.socket = sock
         self.fd = sock.fileno()
-        self.reader = MessageReader(_body_limit(max_message_size))
+        self.reader = MessageReader(body_limit(max_message_size))
         self.unsent: list[Buffer] = []
         self.open = True
 
@@ -318,7 +319,7 @@ class ClientChannel:
         if self._socket is None:
             sock = self._connect(op, deadline)
             sock.setblocking(False)
-            self._socket, self._reader = sock, MessageReader(_body_limit(self.max_message_size))
+            self._socket, self._reader = sock, MessageReader(body_limit(self.max_message_size))
             self._poller = select.poll()
             self._poller.register(sock.fileno(), select.POLLIN)
         return self._socket
