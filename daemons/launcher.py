@@ -152,7 +152,7 @@ def start_in_background(paths: ClusterPaths, config: Config, name: str, command:
     resolves exactly our values. A daemon that does not come up is stopped before the error
     is raised."""
     paths.workdir.mkdir(parents=True, exist_ok=True)
-    settings = paths.workdir / f"{name}-settings.yaml"
+    settings = paths.daemon_settings_file(name)
     settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
     process = spawn(paths, name, [*command, "--workdir", str(paths.workdir), "--config", str(settings)], env)

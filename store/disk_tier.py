@@ -26,14 +26,16 @@ _MAGIC = b"MCD1"
 class DiskTier:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        # Cached objects are other users' data: only this daemon's user may list or read them.
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.chmod(0o700)
         self._temp_names = itertools.count()
 
     def write(self, key: str, data: memoryview, checksum: int) -> None:
         name = key.encode()
         final = self._path(key)
         temp = final.with_name(f"{final.name}.tmp{os.getpid()}-{next(self._temp_names)}")
-        with open(temp, "wb") as f:
+        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(_HEADER.pack(_MAGIC, len(name), data.nbytes, checksum))
             f.write(name)
             f.write(data)

@@ -3,6 +3,7 @@
     <workdir>/cluster.json          the cluster as `up` started it (id, daemons, addresses)
     <workdir>/settings.yaml         the effective settings `up` resolved; every daemon loads it
     <workdir>/topology.json         the topology matrix `up` discovered (or loaded); engines use it
+    <workdir>/<name>-settings.yaml  the settings `mooncake start` resolved for that one daemon
     <workdir>/run/<name>.pid        pid and process start time, written at spawn
     <workdir>/run/<name>.json       what the daemon bound (address), written once it serves
     <workdir>/run/<name>.sock       the daemon's Unix stream socket (unix://), for clients on this host
@@ -14,10 +15,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from transfer.errors import InvalidArgument
+
+# A daemon's name becomes file names under run/ and logs/, a socket path and a client id: one path
+# component of plain characters, so no name can reach outside the workdir ("../x", "a/b").
+DAEMON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def checked_name(name: str) -> str:
+    """``name`` if it can name a daemon, else InvalidArgument saying what a name may hold."""
+    if not DAEMON_NAME.fullmatch(name) or ".." in name:
+        raise InvalidArgument(f"daemon name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                              "starting with a letter or digit, without '..'")
+    return name
 
 
 @dataclass(frozen=True)
@@ -48,20 +64,23 @@ class ClusterPaths:
     def log_dir(self) -> Path:
         return self.workdir / "logs"
 
+    def daemon_settings_file(self, name: str) -> Path:
+        return self.workdir / f"{checked_name(name)}-settings.yaml"
+
     def pidfile(self, name: str) -> Path:
-        return self.run_dir / f"{name}.pid"
+        return self.run_dir / f"{checked_name(name)}.pid"
 
     def announce_file(self, name: str) -> Path:
-        return self.run_dir / f"{name}.json"
+        return self.run_dir / f"{checked_name(name)}.json"
 
     def ipc_socket(self, name: str) -> Path:
-        return self.run_dir / f"{name}.sock"
+        return self.run_dir / f"{checked_name(name)}.sock"
 
     def exit_file(self, name: str) -> Path:
-        return self.run_dir / f"{name}.exit"
+        return self.run_dir / f"{checked_name(name)}.exit"
 
     def log_file(self, name: str) -> Path:
-        return self.log_dir / f"{name}.log"
+        return self.log_dir / f"{checked_name(name)}.log"
 
     def known_daemons(self) -> list[str]:
         """Names with a pidfile, in the order they were started."""

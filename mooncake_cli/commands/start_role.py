@@ -64,9 +64,11 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     """Refuse to start when peers on other hosts could not reach our advertised address, or
     when a daemon of that name already runs in this workdir; returns the workdir's paths."""
     from daemons.cluster.advertise import check_reachable  # here for start-up time, as in _command
+    from daemons.cluster.workdir import checked_name
     from daemons.launcher import live_daemons
 
     try:
+        checked_name(name)  # before anything is written: the name becomes file names
         check_reachable(config, role)  # standbys and clients on other hosts find us at this address
     except MooncakeError as exc:
         fail_on(exc)

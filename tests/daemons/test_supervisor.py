@@ -112,3 +112,13 @@ def test_up_in_a_workdir_that_cannot_be_made_fails_with_a_clear_message(mooncake
     err = result.stderr.decode()
     assert "cannot use" in err and "WORKDIR_UNUSABLE" in err and "Traceback" not in err
     assert blocker.read_text().startswith("a file")
+
+
+def test_a_daemon_name_cannot_reach_outside_the_workdir(mooncake, tmp_path):
+    # The name becomes file names: "../../x" once wrote a pidfile, a socket and a log outside it.
+    for name in ("../../escaped", "a/b", "..", ".hidden", ""):
+        result = mooncake("start", "store-client", "--name", name)
+        assert result.returncode != 0 and b"daemon name" in result.stderr, (name, result.stderr)
+    outside = [p for p in tmp_path.rglob("*") if mooncake.workdir not in p.parents and p != mooncake.workdir]
+    assert not [p for p in outside if "escaped" in p.name]
+    assert not (mooncake.workdir / "run").exists() or not list((mooncake.workdir / "run").iterdir())

@@ -34,6 +34,9 @@ def test_evicted_objects_are_read_back_from_disk_and_promoted_after_two_reads(mo
             wait_until(lambda: "LOCAL_DISK" in tiers(client, key), timeout=5)  # noqa: B023 (waited on here)
         counters = client.master.inspect()
         assert counters["num_evicted_to_disk"] > 0 and counters["num_objects"] == COUNT
+        files = list(ssd.rglob("*.obj"))  # others' cached data: readable by this user only
+        assert files and {f.stat().st_mode & 0o777 for f in files} == {0o600}
+        assert {f.parent.stat().st_mode & 0o777 for f in files} == {0o700}
         on_disk_only = [k for k in keys if tiers(client, k) == ["LOCAL_DISK"]]
         assert on_disk_only
         for key in keys:
