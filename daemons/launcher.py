@@ -169,16 +169,31 @@ def run_in_foreground(paths: ClusterPaths, role: str, name: str, make: Callable[
     records `up` writes for its daemons, so `mooncake status` and `mooncake down` see it.
 
     A daemon that ``founds_cluster`` (a master started on its own) gives the workdir a new
-    cluster id and a cluster.json naming it (with ``entry``'s fields in its row); any other
-    joins the id recorded there."""
+    cluster id and a cluster.json naming it (with ``entry``'s fields in its row), unless other
+    daemons of the workdir still run: then it is a restart, and it takes its row in the cluster
+    they belong to, keeping its id and their rows. Any other daemon joins the id recorded there."""
     for directory in (paths.run_dir, paths.log_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    cluster_id = new_cluster_id() if founds_cluster else joined_cluster_id(paths)
+    others_run = any(other != name for other in live_daemons(paths))
+    founding = founds_cluster and not (others_run and read_json(paths.cluster_file))
+    cluster_id = new_cluster_id() if founding else joined_cluster_id(paths)
     write_pidfile(paths, name, role, cluster_id, os.getpid())
     forget_announcement(paths, name)
     daemon = make(cluster_id)
     if founds_cluster:
-        write_cluster_record(paths, cluster_id, daemon.started_at, [{
-            "name": name, "role": role, "pid": os.getpid(), "address": daemon.server.address,
-            "log": str(paths.log_file(name)), **(entry or {})}])
+        row = {"name": name, "role": role, "pid": os.getpid(), "address": daemon.server.address,
+               "log": str(paths.log_file(name)), **(entry or {})}
+        if founding:
+            write_cluster_record(paths, cluster_id, daemon.started_at, [row])
+        else:
+            replace_cluster_row(paths, row)
     return daemon.run()
+
+
+def replace_cluster_row(paths: ClusterPaths, row: dict[str, Any]) -> None:
+    """Put ``row`` in place of the daemon of the same name in cluster.json (or add it)."""
+    cluster = read_json(paths.cluster_file) or {}
+    rows = [r for r in cluster.get("daemons", []) if r.get("name") != row["name"]]
+    position = next((i for i, r in enumerate(cluster.get("daemons", [])) if r.get("name") == row["name"]), len(rows))
+    rows.insert(position, row)
+    write_json_atomic(paths.cluster_file, {**cluster, "daemons": rows})

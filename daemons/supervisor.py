@@ -183,10 +183,13 @@ def down(paths: ClusterPaths, grace: float) -> dict[str, Any]:
 
 
 def _stop(paths: ClusterPaths, names: list[str], grace: float) -> dict[str, Any]:
-    """Stop the named daemons in reverse start order: a store client unmounts from a master that
-    is still there, instead of waiting out its deadline against one that is gone."""
+    """Stop the named daemons in reverse start order, masters last (a master restarted after
+    the others started is still stopped after them): a store client unmounts from a master
+    that is still there, instead of waiting out its deadline against one that is gone and
+    being killed."""
     outcome: dict[str, list[str]] = {"stopped": [], "killed": []}
-    for name in reversed(names):
+    roles = {name: (read_json(paths.pidfile(name)) or {}).get("role") for name in names}
+    for name in sorted(reversed(names), key=lambda n: roles[n] == "master"):
         one = _stop_group(paths, [name], grace)
         outcome["stopped"] += one["stopped"]
         outcome["killed"] += one["killed"]

@@ -122,3 +122,27 @@ def test_a_daemon_name_cannot_reach_outside_the_workdir(mooncake, tmp_path):
     outside = [p for p in tmp_path.rglob("*") if mooncake.workdir not in p.parents and p != mooncake.workdir]
     assert not [p for p in outside if "escaped" in p.name]
     assert not (mooncake.workdir / "run").exists() or not list((mooncake.workdir / "run").iterdir())
+
+
+def test_a_master_restarted_with_start_keeps_the_cluster_and_down_stops_it_last(mooncake):
+    """`start master` on a running cluster once wrote a new cluster id listing only the master,
+    and `down` then stopped the new master first and SIGKILLed the store client, whose shared
+    memory (named by the old id) was left in /dev/shm."""
+    cluster = mooncake.json("up", env={"MOONCAKE_STOP_GRACE": "8s"})
+    master = cluster["daemons"][0]
+    os.kill(master["pid"], signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(master["pid"])
+               or psutil.Process(master["pid"]).status() == psutil.STATUS_ZOMBIE)
+    port = master["address"].rsplit(":", 1)[1]
+    restarted = mooncake.json("start", "master", "--rpc_port", port)
+    assert restarted["address"] == master["address"]
+
+    record = json.loads((mooncake.workdir / "cluster.json").read_text())
+    assert record["cluster_id"] == cluster["cluster_id"]
+    assert [d["name"] for d in record["daemons"]] == [d["name"] for d in cluster["daemons"]]
+    assert record["daemons"][0]["pid"] == restarted["pid"]
+    wait_until(lambda: mooncake("status").returncode == 0, timeout=15)  # the store client remounted
+
+    outcome = mooncake.json("down")
+    assert outcome["killed"] == []
+    assert not list(SHM.glob(f"mooncake-{cluster['cluster_id']}-*"))
