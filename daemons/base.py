@@ -45,6 +45,7 @@ class Daemon:
             # sockets reconnect to it by themselves.
             f"tcp://{config.bind_host}:{port or '*'}",
             max_message_size=config.rpc_max_message_size,
+            max_buffered_bytes=config.rpc_max_buffered_bytes,
             handler_threads=config.rpc_handler_threads,
             busy_poll=config.rpc_busy_poll,
         )

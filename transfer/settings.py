@@ -201,6 +201,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("rpc", "rpc_max_message_size", "size", 64 * 2**20,
        "Largest control-plane message (header plus bulk frames) a daemon accepts.",
        minimum=1024),
+    _s("rpc", "rpc_max_buffered_bytes", "size", 128 * 2**20,
+       "Bytes of unfinished requests a daemon holds across all its unix:// connections; beyond "
+       "it, the connection holding the most is closed, so many slow senders cannot grow it "
+       "without bound.", minimum=1024),
     _s("rpc", "rpc_handler_threads", "int", 8,
        "Threads a daemon uses for requests that may block.", minimum=1),
     _s("rpc", "rpc_busy_poll", "duration", 200e-6,

@@ -102,6 +102,7 @@ class RpcServer:
         bind: str = "tcp://127.0.0.1:*",
         *,
         max_message_size: int = 64 * 2**20,
+        max_buffered_bytes: int = 128 * 2**20,
         handler_threads: int = 8,
         busy_poll: float = 0.0,
         context: zmq.Context | None = None,
@@ -119,6 +120,7 @@ class RpcServer:
         self._socket.bind(bind)
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.max_message_size = max_message_size
+        self.max_buffered_bytes = max_buffered_bytes
         self._handlers: dict[str, tuple[Handler, bool]] = {}
         self._pool = ThreadPoolExecutor(handler_threads, thread_name_prefix="rpc-handler")
         self._done: queue.SimpleQueue[list] = queue.SimpleQueue()
@@ -245,6 +247,29 @@ class RpcServer:
             del self._streams[fd]
             self._poll_items_stale = True
         elif connection.interest != watched:
+            self._poll_items_stale = True
+        if connection.open and connection.reader.buffered:
+            self._enforce_buffer_budget()
+
+    def _enforce_buffer_budget(self) -> None:
+        """Close the connections holding the most unfinished request bytes until all of them
+        together fit ``max_buffered_bytes``: each may stay under the message limit, so only a
+        budget across connections bounds what slow or hostile senders make us hold."""
+        held = {fd: c.reader.buffered for fd, c in self._streams.items() if c.open and c.reader.buffered}
+        total = sum(held.values())
+        for fd in sorted(held, key=held.__getitem__, reverse=True):
+            if total <= self.max_buffered_bytes:
+                return
+            connection = self._streams[fd]
+            log.warning("closing a unix:// connection holding %d bytes of an unfinished request: "
+                        "%d bytes are held across connections (rpc_max_buffered_bytes %d)",
+                        held[fd], total, self.max_buffered_bytes)
+            connection.send([_error_header(None, MessageTooLarge(
+                f"{total} bytes of unfinished requests across connections exceed the daemon's "
+                f"budget of {self.max_buffered_bytes} bytes"))])
+            connection.close()
+            del self._streams[fd]
+            total -= held[fd]
             self._poll_items_stale = True
 
     def _send_finished_replies(self) -> None:

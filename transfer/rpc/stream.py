@@ -121,6 +121,11 @@ class MessageReader:
         self._pending = bytearray()
         self._skip = 0  # bytes of an oversized body still to discard
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of an unfinished message held until the rest arrives."""
+        return len(self._pending)
+
     def feed(self, data: bytes) -> list[list[memoryview] | Oversized]:
         if self._skip:
             skipped = min(self._skip, len(data))

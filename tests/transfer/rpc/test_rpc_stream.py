@@ -256,3 +256,42 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_server_without_bo
     finally:
         flood.close()
         server.stop(drain_timeout=0)
+
+
+def test_slow_senders_together_cannot_make_the_server_hold_more_than_its_budget(tmp_path):
+    """Each of 8 connections sends most of a message under the limit and stalls: before the
+    budget across connections the server held all of them (8 x 50 MB took a master to 454 MiB)."""
+    budget = 3 * MAX_SIZE
+    server = RpcServer("tcp://127.0.0.1:*", max_message_size=2 * MAX_SIZE, max_buffered_bytes=budget)
+    address = server.bind(f"unix://{tmp_path / 'slow.sock'}")
+    server.register("echo", lambda r: Reply(r.args, r.frames))
+    server.start()
+    stalled = []
+    try:
+        whole = b"".join(bytes(b) for b in encode([msgpack.packb({"id": 1, "op": "echo", "args": {}}),
+                                                   bytes(int(1.5 * MAX_SIZE))]))
+        for _ in range(8):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(tmp_path / "slow.sock"))
+            sock.sendall(whole[:-1000])  # all but the end: the server must hold it to finish it
+            stalled.append(sock)
+        time.sleep(0.5)
+        held = sum(c.reader.buffered for c in list(server._streams.values()))
+        assert held <= budget, f"{held} bytes of unfinished requests held"
+        closed = 0
+        for sock in stalled:  # the ones closed were told why
+            sock.settimeout(0.2)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            closed += 1
+            if data:
+                assert b"budget" in data
+        assert closed >= 8 - budget // int(1.5 * MAX_SIZE)
+        with RpcClient(address, timeout=5) as other:
+            assert other.call("echo", {"still": "serving"}) == {"still": "serving"}
+    finally:
+        for sock in stalled:
+            sock.close()
+        server.stop(drain_timeout=0)
