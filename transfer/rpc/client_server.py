@@ -40,6 +40,7 @@ import msgpack
 import zmq
 
 from transfer.rpc import stream
+from transfer.rpc.log_throttle import LogThrottle
 from transfer.errors import (
     HandlerFailed,
     MalformedMessage,
@@ -135,6 +136,7 @@ class RpcServer:
         self._streams: dict[int, stream.ServerConnection] = {}
         self._poll_items_stale = True
         self.num_served = 0
+        self._failures = LogThrottle(log)
 
     def bind(self, endpoint: str) -> str:
         """Serve on ``endpoint`` as well, e.g. a ``unix://`` stream socket (or a ZeroMQ ipc://
@@ -358,7 +360,7 @@ class RpcServer:
         except MooncakeError as exc:
             return [_error_header(request_id, exc)]
         except Exception as exc:  # a bug in a handler must not take the daemon down
-            log.exception("handler for %r failed", request.op)
+            self._failures.exception((request.op, type(exc)), "handler for %r failed", request.op)
             return [_error_header(request_id, HandlerFailed(f"{type(exc).__name__}: {exc}"))]
         self.num_served += 1
         if isinstance(outcome, Reply):

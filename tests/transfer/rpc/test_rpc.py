@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from transfer.errors import (
     HandlerFailed, MalformedMessage, MessageTooLarge, RpcError, RpcTimeout, SegmentNotFound,
     UnknownOperation,
 )
-from transfer.rpc.client_server import RpcClient
+from transfer.rpc.client_server import RpcClient, RpcServer
 
 SERVER = Path(__file__).with_name("rpc_server_proc.py")
 MAX_SIZE = 1 << 20
@@ -162,3 +163,21 @@ def test_closing_a_client_ends_calls_waiting_on_it_with_a_typed_error(client):
     with pytest.raises(RpcError, match="was closed"):
         client.call("echo", {})
     closer.join()
+
+
+def test_a_handler_bug_hit_many_times_logs_one_traceback_per_interval(caplog):
+    """~1,800 bad calls once wrote 892 tracebacks to a conductor's log."""
+    server = RpcServer("tcp://127.0.0.1:*")
+    server.register("buggy", lambda r: {}["missing"], blocking=True)
+    server.register("other", lambda r: 1 / 0, blocking=True)
+    server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="transfer.rpc.client_server"), \
+                RpcClient(server.address, timeout=5) as client:
+            for op in ["buggy"] * 50 + ["other"] * 5:
+                with pytest.raises(HandlerFailed):
+                    client.call(op)
+        logged = [r for r in caplog.records if r.exc_info]
+        assert sorted(r.args[0] for r in logged) == ["buggy", "other"]
+    finally:
+        server.stop(drain_timeout=0)
