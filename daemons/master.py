@@ -60,11 +60,11 @@ class MasterDaemon(Daemon):
 
     def _install_state(self, server: Any) -> None:
         """Fresh, empty metadata and store state, its ops registered on ``server``."""
-        self.segment_descriptors = MetadataTable()
+        self.segment_descriptors = MetadataTable(self.config.metadata_max_entries)
         serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config, self.kv_events)
         self.store.register(server)
-        self.services = ServiceTable()
+        self.services = ServiceTable(max_entries=self.config.metadata_max_entries)
         self.services.register(server)
 
     def tick(self, now: float) -> None:
@@ -93,7 +93,7 @@ def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: 
     paths.workdir.mkdir(parents=True, exist_ok=True)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     try:
-        metadata = HttpMetadataServer(*http) if http else None
+        metadata = HttpMetadataServer(*http, max_entries=config.metadata_max_entries) if http else None
     except OSError as exc:
         raise MetadataServerUnavailable(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}") from None
 

@@ -108,6 +108,13 @@ class TransferTimeout(TransferFailed):
     code, name = -801, "TRANSFER_TIMEOUT"
 
 
+class TableFull(MooncakeError):
+    """A registry (segment descriptors, services, HTTP metadata) holds as many entries as its
+    setting allows; existing entries can still be replaced. Mooncake has no such code."""
+
+    code, name = -910, "TABLE_FULL"
+
+
 class RpcError(MooncakeError):
     code, name = -900, "RPC_FAILED"
 

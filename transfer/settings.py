@@ -219,6 +219,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("topology", "include_virtual", "bool", False,
        "List virtual network interfaces (veth, bridges) as usable NICs."),
     # transfer: the transfer engine's data plane
+    _s("transfer", "metadata_max_entries", "int", 16384,
+       "Most entries each of the master's registries holds (segment descriptors, services, HTTP "
+       "metadata keys); a new name beyond it is refused (TABLE_FULL), a known one still replaced.",
+       minimum=1),
     _s("transfer", "transfer_protocol", "choice", "auto",
        "Data-plane transport: auto picks shm > rdma > tcp per peer pair.",
        choices=("auto", "shm", "tcp", "rdma")),

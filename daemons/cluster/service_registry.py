@@ -26,7 +26,7 @@ from typing import Any
 from collections.abc import Callable
 
 from daemons.errors import ServiceNotRegistered
-from transfer.errors import MooncakeError
+from transfer.errors import InvalidArgument, MooncakeError, TableFull
 from transfer.etcd.leader import master_rpc
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 REFRESH_INTERVAL = 1.0  # seconds; bounds how long a new master leader answers lookups with "not registered"
 # Several missed refreshes, so a slow tick or one lost call does not hide a live service.
 SERVICE_TTL = 5 * REFRESH_INTERVAL
+# Silent this long, a record is forgotten: `status --master` shows a dead service for a while,
+# but the names ever registered cannot pile up.
+SERVICE_FORGET_AFTER = 60 * SERVICE_TTL
+RECORD_LIMIT = 4096  # characters of a record's repr: a record is a name and a few addresses
 
 
 class ServiceTable:
@@ -41,20 +45,34 @@ class ServiceTable:
 
     ``clock`` gives the time the table judges silence by; a test passes its own."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = 16384) -> None:
+        self.clock, self.max_entries = clock, max_entries
         self.lock = threading.Lock()
         self.services: dict[str, tuple[dict[str, Any], float]] = {}
 
     def register(self, server: Any) -> None:
         server.register("cluster.register_service", lambda request: self.put(dict(request.args)))
-        server.register("cluster.lookup_service", lambda request: self.lookup(request.args["name"]))
+        server.register("cluster.lookup_service", lambda request: self.lookup(str(request.args.get("name", ""))))
         server.register("cluster.list_services", lambda request: self.listing())
 
     def put(self, record: dict[str, Any]) -> dict:
+        name = record.get("name")
+        if not isinstance(name, str) or not name or len(repr(record)) > RECORD_LIMIT:
+            raise InvalidArgument(f"a service record needs a name and fits {RECORD_LIMIT} characters")
+        now = self.clock()
         with self.lock:
-            self.services[record["name"]] = (record, self.clock())
+            if name not in self.services and len(self.services) >= self.max_entries:
+                self._forget_silent(now)
+                if len(self.services) >= self.max_entries:
+                    raise TableFull(f"{len(self.services)} services are registered, the most this master "
+                                    "holds (metadata_max_entries)")
+            self.services[name] = (record, now)
         return {"ok": True}
+
+    def _forget_silent(self, now: float) -> None:
+        """Under the lock."""
+        for name in [n for n, (_, seen) in self.services.items() if now - seen > SERVICE_FORGET_AFTER]:
+            del self.services[name]
 
     def lookup(self, name: str) -> dict:
         with self.lock:
@@ -70,6 +88,7 @@ class ServiceTable:
     def listing(self) -> list[dict]:
         now = self.clock()
         with self.lock:
+            self._forget_silent(now)
             entries = list(self.services.values())
         return [{"record": record, "last_seen_ago": now - seen, "alive": now - seen <= SERVICE_TTL}
                 for record, seen in entries]

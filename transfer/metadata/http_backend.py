@@ -27,12 +27,14 @@ from transfer.errors import RpcError, SegmentNotFound
 
 RAM_PREFIX = "mooncake/ram/"
 MAX_VALUE = 16 << 20  # a descriptor is a few KiB; refuse bodies that cannot be one
+MAX_TOTAL = 256 << 20  # bytes of all values together
 
 
 class HttpMetadataServer:
     """The key-value store behind the protocol, served from a thread until :meth:`close`."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8080) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 8080, max_entries: int = 16384) -> None:
+        self.max_entries = max_entries
         self._values: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer((host, port), self._handler())
@@ -53,7 +55,7 @@ class HttpMetadataServer:
             return sorted(self._values)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        values, lock = self._values, self._lock
+        values, lock, max_entries = self._values, self._lock, self.max_entries
 
         class Handler(BaseHTTPRequestHandler):
             def _key(self) -> str | None:
@@ -87,7 +89,15 @@ class HttpMetadataServer:
                     return
                 value = self.rfile.read(length)
                 with lock:
-                    values[key] = value
+                    old = values.get(key)
+                    full = old is None and len(values) >= max_entries
+                    total = sum(map(len, values.values())) - len(old or b"") + len(value)
+                    if not full and total <= MAX_TOTAL:
+                        values[key] = value
+                if full or total > MAX_TOTAL:
+                    # 507 Insufficient Storage: the server is full, the request itself was fine.
+                    self._answer(507, b"metadata server full: %d keys, %d bytes" % (len(values), total))
+                    return
                 self._answer(200, b"metadata updated")
 
             def do_DELETE(self) -> None:

@@ -19,18 +19,22 @@ import threading
 from typing import Any
 
 from transfer.descriptor import SegmentDescriptor
-from transfer.errors import SegmentNotFound
+from transfer.errors import SegmentNotFound, TableFull
 from transfer.rpc.client_server import Request, RpcServer
 
 
 class MetadataTable:
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int = 16384) -> None:
+        self.max_entries = max_entries
         self._lock = threading.Lock()
         self._descriptors: dict[str, dict[str, Any]] = {}
         self._next_version = 1
 
     def put(self, descriptor: SegmentDescriptor) -> int:
         with self._lock:
+            if descriptor.name not in self._descriptors and len(self._descriptors) >= self.max_entries:
+                raise TableFull(f"{len(self._descriptors)} segments are published, the most this master "
+                                "holds (metadata_max_entries)")
             version = self._next_version
             self._next_version += 1
             wire = descriptor.to_wire()

@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from daemons.cluster.service_registry import SERVICE_TTL, ServiceRegistration, ServiceTable, lookup_service
+from daemons.cluster.service_registry import (SERVICE_FORGET_AFTER, SERVICE_TTL, ServiceRegistration, ServiceTable,
+                                              lookup_service)
 from daemons.errors import ServiceNotRegistered
+from transfer.errors import InvalidArgument, TableFull
 from tests.conftest import Mooncake
 
 # The cluster's block size differs from the default (512), which is what a caller without the
@@ -152,3 +154,19 @@ def test_status_through_etcd_names_the_elected_leader(mooncake, etcd):
     assert result.returncode == 0, result.stderr.decode()
     master = json.loads(result.stdout)["master"]
     assert master["address"] == started["address"] and master["leading"] is True
+
+
+def test_service_table_is_bounded_forgets_long_silent_names_and_refuses_bad_records():
+    now = [100.0]
+    table = ServiceTable(clock=lambda: now[0], max_entries=2)
+    table.put({"name": "a", "address": "x"})
+    table.put({"name": "b", "address": "x"})
+    with pytest.raises(TableFull):
+        table.put({"name": "c", "address": "x"})
+    table.put({"name": "b", "address": "y"})  # a known name is still refreshed
+    now[0] += SERVICE_FORGET_AFTER + 1
+    table.put({"name": "c", "address": "x"})  # the long-silent ones made room
+    assert [e["record"]["name"] for e in table.listing()] == ["c"]
+    for bad in ({"address": "x"}, {"name": 7}, {"name": "d", "blob": "x" * 10_000}):
+        with pytest.raises(InvalidArgument):
+            table.put(bad)
