@@ -26,6 +26,7 @@ model (``prefill_finished``). ``cost_figures`` tells what the conductor plans wi
 from __future__ import annotations
 
 import random
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ PREFILL_SAMPLES = 512  # recent worker timings the prefill model is fitted on
 PREFILL_REFIT = 64  # samples between refits: a fit costs ~100 us, a decision ~50 us
 DECODE_SAMPLES = 512  # recent decode steps the TBT model is fitted on
 DECODE_REFIT = 64  # steps between refits (a busy decode worker reports hundreds a second)
+OUTLIER_FACTOR = 10.0  # a step this many times slower than predicted and than usual is not fitted
 ARRIVAL_SAMPLES = 256  # recent admissions the auto threshold's arrival rate is measured over
 
 
@@ -74,6 +76,8 @@ class Conductor:
         self._since_refit = 0
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=DECODE_SAMPLES)
         self._since_decode_refit = 0
+        self._recent_step_ratios: deque[float] = deque(maxlen=DECODE_REFIT)  # measured / predicted
+        self.num_decode_outliers = 0
         # A live refit has happened since the start: a later worker's start-up profile must not
         # replace what the cluster's own samples taught.
         self._prefill_refitted = self._tbt_refitted = False
@@ -260,6 +264,14 @@ class Conductor:
         coefficients a slower worker would be filled past its SLO, a faster one turned away.
         """
         if batch <= 0:
+            return False
+        ratio = seconds / max(self.tbt_model.predict(batch, context_tokens), 1e-9)
+        self._recent_step_ratios.append(ratio)
+        if ratio > OUTLIER_FACTOR * max(1.0, statistics.median(self._recent_step_ratios)):
+            # Far from the prediction AND from what steps recently took: a stall (or a forged
+            # report), not this machine's cost; fitted in, a few would pin admission shut. A
+            # real change of speed moves the median too, and is then fitted.
+            self.num_decode_outliers += 1
             return False
         self.decode_samples.append((batch, context_tokens, seconds))
         self._since_decode_refit += 1

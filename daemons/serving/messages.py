@@ -9,7 +9,11 @@ messages, in order::
     prefill.run        PrefillJob      what the prefill worker computes, and where its KV goes
     conductor.prefill_done PrefillReport  the first token, the prefix reused and stored, timings
     conductor.tokens   DecodeStep      one decode step: a token (or an end) per request stepped
+    conductor.heartbeat WorkerHeartbeat a worker's address, capacity and load, every second
     prefill.drop    -> DropAnswer      (decode worker to prefill worker) may this job still write?
+
+What a worker reports is checked field by field as it is read (types and ranges): a bad report
+is refused with InvalidArgument rather than breaking the requests it would be used for.
 
 Optional fields that are None are left out of the map: a failed prefill reports only
 ``request_id``, ``ok`` and ``error``, and ``pipelined`` travels only from a CPP group. The workers
@@ -19,8 +23,31 @@ import these from here, as they import :mod:`daemons.serving.errors`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from transfer.errors import InvalidArgument
+
+WORKER_ROLES = ("prefill", "decode")
+WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ADDRESS = re.compile(r"(tcp|unix|ipc)://\S{1,250}")
+MAX_STEP_S = 600.0  # a decode step reported as longer is not a measurement
+MAX_WRITERS = 64  # processes one prefill worker names as writers (a CPP group's stages)
+
+
+def checked_int(message: dict[str, Any], key: str, low: int, high: int = 2**53) -> int:
+    value = message.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{key} must be an integer in {low}..{high}, got {value!r:.40}")
+    return value
+
+
+def checked_str(message: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidArgument(f"{key} {value!r:.80} is not a valid {key}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -133,19 +160,33 @@ class DecodeStep:
     """One step of a decode worker's batch; with ``batch`` (sequences stepped) and ``context``
     (tokens they attended over), ``step_s`` is what the conductor refits its TBT model from."""
 
+    worker: str  # the decode worker that stepped: only its own requests take these tokens
     step_s: float
     batch: int
     context: int
     events: list[DecodedToken] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"events": [[e.request_id, e.token, e.finish_reason] for e in self.events],
+        return {"worker": self.worker, "events": [[e.request_id, e.token, e.finish_reason] for e in self.events],
                 "step_s": self.step_s, "batch": self.batch, "context": self.context}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> DecodeStep:
-        return cls(message["step_s"], message["batch"], message["context"],
-                   [DecodedToken(*event) for event in message["events"]])
+        step_s = message.get("step_s")
+        if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or not 0 <= step_s <= MAX_STEP_S:
+            raise InvalidArgument(f"step_s must be seconds in 0..{MAX_STEP_S:g}, got {step_s!r:.40}")
+        events = message.get("events")
+        if not isinstance(events, list) or len(events) > 2**16:
+            raise InvalidArgument("events must be a list of [request_id, token, finish_reason]")
+        decoded = []
+        for event in events:
+            if not (isinstance(event, list) and len(event) == 3 and isinstance(event[0], str)
+                    and (event[1] is None or (isinstance(event[1], int) and not isinstance(event[1], bool)))
+                    and (event[2] is None or isinstance(event[2], str))):
+                raise InvalidArgument(f"a decode event must be [request_id, token, finish_reason], got {event!r:.80}")
+            decoded.append(DecodedToken(*event))
+        return cls(checked_str(message, "worker", WORKER_NAME), float(step_s),
+                   checked_int(message, "batch", 0, 2**20), checked_int(message, "context", 0), decoded)
 
 
 @dataclass(frozen=True)
@@ -161,7 +202,9 @@ class WriterProcess:
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> WriterProcess:
-        return cls(message["host"], int(message["pid"]), int(message["started"]))
+        if not isinstance(message, dict) or not isinstance(message.get("host"), str):
+            raise InvalidArgument(f"a writer process is {{host, pid, started}}, got {message!r:.80}")
+        return cls(message["host"], checked_int(message, "pid", 1, 2**32), checked_int(message, "started", 0))
 
 
 @dataclass(frozen=True)
@@ -222,3 +265,55 @@ class WorkerCalibration:
         bandwidth = message.get("transfer_bandwidth")
         return cls(int(message["kv_bytes_per_token"]),
                    None if bandwidth is None else float(bandwidth), **coef)
+
+
+@dataclass(frozen=True)
+class WorkerHeartbeat:
+    """What a worker tells the conductor every second: where it serves, how much KV it holds,
+    what it measured at start, and its role's load figures (``load``: queue lengths, its store
+    ``segment``, the ``writers`` of a prefill worker, a CPP group's ``group_size`` and
+    ``prefill_chunk``), which the conductor reads with :meth:`figure`."""
+
+    name: str
+    role: str
+    address: str
+    kv_capacity_tokens: int
+    calibration: WorkerCalibration | None = None
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        beat = {**self.load, "name": self.name, "role": self.role, "address": self.address,
+                "kv_capacity_tokens": self.kv_capacity_tokens}
+        if self.calibration is not None:
+            beat["calibration"] = self.calibration.to_wire()
+        return beat
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> WorkerHeartbeat:
+        name = checked_str(message, "name", WORKER_NAME)
+        role = message.get("role")
+        if role not in WORKER_ROLES:
+            raise InvalidArgument(f"role must be one of {', '.join(WORKER_ROLES)}, got {role!r:.40}")
+        try:
+            calibration = WorkerCalibration.from_wire(message["calibration"]) if "calibration" in message else None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"bad calibration in the heartbeat of {name!r}: {exc}") from None
+        load = {k: v for k, v in message.items()
+                if k not in ("name", "role", "address", "kv_capacity_tokens", "calibration")}
+        for key in ("running", "waiting", "reserved", "free_blocks", "expired_reserved"):
+            if key in load:
+                checked_int(load, key, 0)
+        if "group_size" in load:
+            checked_int(load, "group_size", 1, 1024)
+            checked_int(load, "prefill_chunk", 1)
+        if "segment" in load and not (isinstance(load["segment"], str) and 0 < len(load["segment"]) <= 256):
+            raise InvalidArgument(f"segment must be a segment name, got {load['segment']!r:.40}")
+        writers = load.get("writers", [])
+        if not isinstance(writers, list) or len(writers) > MAX_WRITERS:
+            raise InvalidArgument(f"writers must be a list of at most {MAX_WRITERS} processes")
+        load["writers"] = [WriterProcess.from_wire(w).to_wire() for w in writers]
+        return cls(name, role, checked_str(message, "address", ADDRESS),
+                   checked_int(message, "kv_capacity_tokens", 0), calibration, load)
+
+    def figure(self, key: str, default: Any = None) -> Any:
+        return self.load.get(key, default)

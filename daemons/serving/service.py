@@ -53,7 +53,7 @@ from daemons.serving.completion_request import CompletionRequest
 from daemons.serving.errors import BadRequest, GenerationFailed, GenerationTimeout, NoWorkers, Rejected
 from daemons.serving.kv_events import IndexFollower
 from daemons.serving.messages import (DecodeStep, KvTarget, PrefillJob, PrefillReport, PrefillWriter,
-                                      WorkerCalibration, WriterProcess)
+                                      WorkerHeartbeat, WriterProcess)
 from daemons.serving.metrics import Series, ServingMetrics, series
 from daemons.serving.state import Flight, Worker, prefill_model
 from scheduler.block_hash import BlockKey, format_key, prefix_block_keys
@@ -84,29 +84,33 @@ class ServingService:
     # -- worker reports (RPC handlers) -------------------------------------------------------
 
     def heartbeat(self, request: Request) -> dict:
-        args, now = request.args, time.monotonic()
-        try:
-            calibration = WorkerCalibration.from_wire(args["calibration"]) if "calibration" in args else None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"bad calibration in the heartbeat of {args.get('name')!r}: {exc}") from None
+        beat, now = WorkerHeartbeat.from_wire(request.args), time.monotonic()
         with self.lock:
-            worker = self.workers.get(args["name"])
-            if worker is None or worker.address != args["address"]:
-                if worker is not None:
-                    worker.client.close()
-                worker = Worker(args["name"], args["role"], args["address"],
-                                RpcClient(args["address"], timeout=self.call_timeout), now)
+            worker = self.workers.get(beat.name)
+            if worker is not None and (worker.address, worker.role) != (beat.address, beat.role):
+                if now - worker.last_seen <= self.config.worker_timeout:
+                    # A live worker keeps its name: a second process claiming it (a stale
+                    # restart, or anyone on the host) would take its requests and its pages.
+                    raise InvalidArgument(f"a live {worker.role} worker named {beat.name!r} serves at "
+                                          f"{worker.address}; {beat.address} may take the name once it "
+                                          f"has been silent for {self.config.worker_timeout:g}s")
+                self._forget_worker(worker)
+                worker = None
+            if worker is None:
+                worker = Worker(beat.name, beat.role, beat.address,
+                                RpcClient(beat.address, timeout=self.call_timeout), now)
                 self.workers[worker.name] = worker
                 if worker.role == "prefill":
-                    self.conductor.add_prefill(worker.name, prefill_model(self.conductor, args))
+                    self.conductor.add_prefill(worker.name, prefill_model(self.conductor, beat.load))
                 else:
-                    self.conductor.add_decode(worker.name, args["kv_capacity_tokens"])
+                    self.conductor.add_decode(worker.name, beat.kv_capacity_tokens)
+                calibration = beat.calibration
                 if calibration is not None:
                     self.conductor.install_calibration(
                         bytes_per_token=calibration.kv_bytes_per_token, bandwidth=calibration.transfer_bandwidth,
                         prefill_coef=calibration.prefill_coef, tbt_coef=calibration.tbt_coef)
                 log.info("%s worker %s joined at %s", worker.role, worker.name, worker.address)
-            worker.last_seen, worker.load = now, args
+            worker.last_seen, worker.load = now, beat.load
         return {"ok": True}
 
     def prefill_done(self, request: Request) -> dict:
@@ -127,11 +131,16 @@ class ServingService:
     def tokens(self, request: Request) -> dict:
         step = DecodeStep.from_wire(request.args)
         with self.lock:
-            routed = [(self.flights.get(event.request_id), event) for event in step.events]
+            worker = self.workers.get(step.worker)
+            if worker is None or worker.role != "decode":
+                raise InvalidArgument(f"no decode worker {step.worker!r} is registered")
+            # Only the requests this worker decodes take its tokens.
+            routed = [(flight, event) for event in step.events
+                      if (flight := self.flights.get(event.request_id)) is not None
+                      and flight.decision.decode_id == step.worker]
             self.conductor.observe_decode(step.batch, step.context, step.step_s)
         for flight, event in routed:
-            if flight is not None:
-                flight.events.put(("token", event.token, event.finish_reason))
+            flight.events.put(("token", event.token, event.finish_reason))
         return {"ok": True}
 
     def check_liveness(self, now: float) -> None:
@@ -142,6 +151,12 @@ class ServingService:
         with self.lock:  # past its deadline an orphan's pages are the decode worker's to free
             for request_id in [f.request_id for f in self.flights.values() if f.orphaned and now > f.deadline]:
                 del self.flights[request_id]
+
+    def _forget_worker(self, worker: Worker) -> None:
+        """Under the lock: a silent worker whose name another process now takes."""
+        del self.workers[worker.name]
+        self.conductor.remove_instance(worker.name)
+        worker.client.close()
 
     def _drop_worker(self, name: str, why: str) -> None:
         with self.lock:

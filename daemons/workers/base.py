@@ -27,6 +27,7 @@ from daemons.cluster.advertise import advertised
 from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
 from daemons.cluster.workdir import read_json
 from daemons.model import build_model, kv_layout
+from daemons.serving.messages import WorkerHeartbeat
 from daemons.workers.calibration import calibrate
 from store.client import StoreClient
 from transfer.errors import MooncakeError
@@ -112,11 +113,10 @@ class WorkerDaemon(Daemon):
 
     def _heartbeat(self, strict: bool) -> None:
         self.next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL
-        beat = {"name": self.name, "role": self.role, "address": self.address,
-                "kv_capacity_tokens": self.layout.num_blocks * self.layout.block_size,
-                "calibration": self.calibration.to_wire(), **self.load()}
+        beat = WorkerHeartbeat(self.name, self.role, self.address, self.layout.num_blocks * self.layout.block_size,
+                               self.calibration, self.load())
         try:
-            self.conductor_client.call("conductor.heartbeat", beat, timeout=min(self.config.rpc_timeout, 1.0))
+            self.conductor_client.call("conductor.heartbeat", beat.to_wire(), timeout=min(self.config.rpc_timeout, 1.0))
         except MooncakeError as exc:
             if strict:
                 raise
