@@ -5,8 +5,10 @@ special tokens, BOS/EOS and chat template of ``tokenizer_config.json`` and the s
 It reads the files the way transformers' ``AutoTokenizer`` does, so prompts get the ids the model
 was trained on:
 
-- BOS (and EOS) are added by tokenizer.json's post-processor, unless tokenizer_config.json sets
-  ``add_bos_token``/``add_eos_token``: then exactly what those say is added.
+- BOS (and EOS) are what tokenizer.json's post-processor adds. tokenizer_config.json's
+  ``add_bos_token``/``add_eos_token`` are not read: transformers 5 drops them whenever tokenizer.json
+  is there, and the checkpoints that set them (Llama 2, Mistral) carry the same in their
+  post-processor.
 - Special tokens named in tokenizer_config.json are special (never split, never decoded to text).
 - The chat template (``chat_template.jinja`` beside the files, else tokenizer_config.json's
   ``chat_template``) is rendered in a sandboxed Jinja environment with the variables and helpers
@@ -26,7 +28,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer, processors
+from tokenizers import AddedToken, Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from daemons.model.config import token_ids
@@ -63,9 +65,6 @@ class HfTokenizer:
         # As transformers does: a special token the vocabulary lacks is added to it.
         tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special.values()
                                       if tokenizer.token_to_id(text) is None])
-        if "add_bos_token" in settings or "add_eos_token" in settings:
-            tokenizer.post_processor = _bos_eos_processor(tokenizer, special, bool(settings.get("add_bos_token")),
-                                                          bool(settings.get("add_eos_token")))
         stops: list[int] = []  # the same stop tokens as the workers' model: config.json's, then the generation config's
         for name in ("config.json", "generation_config.json"):
             try:
@@ -135,16 +134,6 @@ class _StreamDetokenizer:
 def _content(token: Any) -> str:
     # tokenizer_config.json writes a special token as its text or as a serialised AddedToken.
     return token["content"] if isinstance(token, dict) else str(token)
-
-
-def _bos_eos_processor(tokenizer: Tokenizer, special: dict[str, str], add_bos: bool,
-                       add_eos: bool) -> processors.TemplateProcessing:
-    """What transformers puts in place of tokenizer.json's post-processor when tokenizer_config.json
-    sets add_bos_token or add_eos_token: those tokens around the text, nothing else."""
-    bos = special.get("bos_token") if add_bos else None
-    eos = special.get("eos_token") if add_eos else None
-    return processors.TemplateProcessing(single=" ".join(p for p in (bos, "$A", eos) if p),
-                                         special_tokens=[(t, tokenizer.token_to_id(t)) for t in (bos, eos) if t])
 
 
 def _chat_template(path: Path, settings: dict[str, Any]) -> str | None:

@@ -10,7 +10,7 @@ checkpoints use:
     llama3        rope_parameters of type llama3 (all three wavelength bands), byte-level BPE whose
                   post-processor adds BOS (Llama 3)
     llama_linear  the old config spelling (rope_theta + rope_scaling {"type": "linear"}),
-                  attention_bias and mlp_bias; a byte-fallback BPE with add_bos_token (Llama 2)
+                  attention_bias and mlp_bias; a byte-fallback BPE adding BOS (Llama 2)
     qwen2         q/k/v biases, tied embeddings; byte-level BPE without BOS
     qwen3         q_norm/k_norm, an explicit head_dim unlike hidden/heads; byte-level BPE without BOS
     mistral       sliding_window null, saved in several shards; byte-fallback BPE
@@ -97,6 +97,7 @@ def _byte_fallback_json() -> str:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
     tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                            decoders.Strip(" ", 1, 0)])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     return tokenizer.to_str()
 
 
@@ -105,6 +106,7 @@ def write_tokenizer(directory: Path, style: str) -> dict[str, int]:
     returns the ids of BOS (or None), EOS and a second stop token."""
     if style == "fallback":
         tokenizer = Tokenizer.from_str(_byte_fallback_json())
+        # add_bos_token as Llama 2 writes it beside its post-processor (transformers 5 reads only the latter)
         settings = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
                     "add_eos_token": False, "chat_template": FALLBACK_TEMPLATE}
         ids = {"bos": tokenizer.token_to_id("<s>"), "eos": tokenizer.token_to_id("</s>"),
