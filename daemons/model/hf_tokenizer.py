@@ -33,6 +33,7 @@ from tokenizers.decoders import DecodeStream
 
 from daemons.model.config import token_ids
 from daemons.model.errors import ChatTemplateError, CheckpointError
+from daemons.model.tokenizer import Detokenizer
 from daemons.model.weights import read_json
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -61,7 +62,11 @@ class HfTokenizer:
         except Exception as exc:  # the Rust side raises plain Exception for unreadable or malformed files
             raise CheckpointError(f"cannot read {path / 'tokenizer.json'}: {exc}") from None
         settings = read_json(path / "tokenizer_config.json", required=False)
-        special = {name: _content(settings[name]) for name in SPECIAL_TOKEN_NAMES if settings.get(name)}
+        try:
+            special = {name: _content(settings[name]) for name in SPECIAL_TOKEN_NAMES if settings.get(name)}
+        except (KeyError, TypeError):
+            raise CheckpointError(f"{path / 'tokenizer_config.json'} names a special token that is neither "
+                                  f"text nor {{\"content\": text}}") from None
         # As transformers does: a special token the vocabulary lacks is added to it.
         tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special.values()
                                       if tokenizer.token_to_id(text) is None])
@@ -91,7 +96,7 @@ class HfTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def detokenizer(self) -> _StreamDetokenizer:
+    def detokenizer(self) -> Detokenizer:
         return _StreamDetokenizer(self._tokenizer)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
@@ -102,7 +107,9 @@ class HfTokenizer:
         try:
             text = self._template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
                                          **self.special_tokens)
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, ValueError, LookupError) as exc:
+            # The template is the checkpoint's code run on the caller's messages: whatever it
+            # raises on them (raise_exception, or a content it cannot handle) is the caller's to fix.
             raise ChatTemplateError(f"the chat template rejects the conversation: {exc}") from None
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from daemons.model import ByteTokenizer, ChatTemplateError, HfTokenizer, build_tokenizer
+from daemons.model import ByteTokenizer, ChatTemplateError, CheckpointError, HfTokenizer, build_tokenizer
 from tests.daemons.model.hf_checkpoints import write_tokenizer
 from transfer.settings import resolve
 
@@ -131,3 +131,17 @@ def test_settings_build_the_checkpoints_tokenizer_from_its_files_alone(directori
     assert isinstance(build_tokenizer(resolve(environ={})), ByteTokenizer)
     # A checkpoint without tokenizer.json is served with token ids, as before.
     assert build_tokenizer(resolve(environ={"MOONCAKE_MODEL_DIR": str(tmp_path)})) is None
+
+
+def test_unreadable_tokenizer_files_are_typed_errors(tmp_path):
+    write_tokenizer(tmp_path, "bpe_bos")
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**settings, "eos_token": {"text": "<|end|>"}}))
+    with pytest.raises(CheckpointError, match="special token"):
+        HfTokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": "{% for %}"}))
+    with pytest.raises(CheckpointError, match="does not compile"):
+        HfTokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="tokenizer.json"):
+        HfTokenizer.from_dir(tmp_path)
