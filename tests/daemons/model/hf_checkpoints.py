@@ -101,7 +101,7 @@ def _byte_fallback_json() -> str:
     return tokenizer.to_str()
 
 
-def write_tokenizer(directory: Path, style: str) -> dict[str, int]:
+def write_tokenizer(directory: Path, style: str) -> dict[str, int | None]:
     """tokenizer.json + tokenizer_config.json of ``style`` ("bpe_bos", "bpe", "fallback");
     returns the ids of BOS (or None), EOS and a second stop token."""
     if style == "fallback":
@@ -134,7 +134,7 @@ TOKENIZER_STYLE = {"llama3": "bpe_bos", "llama_linear": "fallback", "qwen2": "bp
                    "mistral": "fallback"}
 
 
-def _model(kind: str, ids: dict[str, int]) -> PreTrainedModel:
+def _model(kind: str, ids: dict[str, int | None]) -> PreTrainedModel:
     shape = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
                  bos_token_id=ids["bos"], eos_token_id=ids["eos"])
