@@ -339,7 +339,8 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=0),
     # model: the torch model the prefill and decode workers run
     _s("model", "model_dir", "path", "",
-       "Local Llama checkpoint (config.json + *.safetensors); empty: the tiny random model."),
+       "Local checkpoint in the Hugging Face layout (Llama, Mistral, Qwen2 or Qwen3: config.json, "
+       "*.safetensors, tokenizer.json); empty: the tiny random model, whose weights are random."),
     _s("model", "model_dtype", "choice", "auto",
        "Weights and KV dtype; auto: float32 for the tiny model, the checkpoint's own otherwise.",
        choices=("auto", "float32", "bfloat16", "float16")),

@@ -2,20 +2,22 @@
 
 A library: workers wrap it, nothing here opens sockets or reads settings on its own.
 
-    model = build_model(config)                           # or random_model / load_checkpoint
+    model = build_model(config)                           # or random_model / load_checkpoint(dir)
+    tokenizer = build_tokenizer(config)                   # ByteTokenizer, or HfTokenizer.from_dir(dir)
     kv = KVCache(kv_layout(config, model), buffer=...)    # one tensor; register kv.numpy() once
     pages = BlockManager(kv.layout.num_blocks, kv.layout.block_size)
     runner = ModelRunner(model, kv)
     runner.prefill(seq, on_layer_done=...)                # prefill worker
     StageRunner(StageModel(model, a, b), kv).run_chunk()  # one stage of a CPP prefill group
-    ContinuousBatcher(runner, pages, eos_token_id=...)    # decode worker
+    ContinuousBatcher(runner, pages, stop_token_ids=...)  # decode worker: the model's stop tokens
 """
 
 from daemons.model.batcher import ContinuousBatcher, TokenEvent
 from daemons.model.block_manager import BlockManager
 from daemons.model.config import ModelConfig
-from daemons.model.errors import CheckpointError, KVCacheFull
+from daemons.model.errors import ChatTemplateError, CheckpointError, KVCacheFull
 from daemons.model.from_settings import build_model, build_tokenizer, kv_layout
+from daemons.model.hf_tokenizer import HfTokenizer
 from daemons.model.kv_cache import KVCache, KVCacheLayout
 from daemons.model.llama import LlamaModel, random_model
 from daemons.model.pipeline import Link, QueueLink, chunk_bounds, prefill_in_threads, run_stage
@@ -27,9 +29,9 @@ from daemons.model.tokenizer import ByteTokenizer, Detokenizer, Tokenizer
 from daemons.model.weights import load_checkpoint, save_checkpoint
 
 __all__ = [
-    "BlockManager", "ByteTokenizer", "CheckpointError", "ContinuousBatcher", "Detokenizer", "KVCache", "KVCacheFull",
-    "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig", "ModelRunner", "QueueLink", "Sequence",
-    "StageModel", "StageRunner", "TokenEvent", "Tokenizer", "build_model", "build_tokenizer", "chunk_bounds",
-    "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads", "random_model",
-    "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",
+    "BlockManager", "ByteTokenizer", "ChatTemplateError", "CheckpointError", "ContinuousBatcher", "Detokenizer",
+    "HfTokenizer", "KVCache", "KVCacheFull", "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig",
+    "ModelRunner", "QueueLink", "Sequence", "StageModel", "StageRunner", "TokenEvent", "Tokenizer", "build_model",
+    "build_tokenizer", "chunk_bounds", "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads",
+    "random_model", "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",
 ]

@@ -2,14 +2,15 @@
 
 Sequences arrive prefilled (KV of every token but the last in their pages, the last being the
 first generated token) and join between steps; each step decodes one token for every running
-sequence with greedy sampling; a sequence leaves as soon as it finishes and its pages go back.
+sequence with greedy sampling; a sequence leaves as soon as it finishes (any of the model's stop
+tokens, or max_tokens) and its pages go back.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 
 from daemons.model.block_manager import BlockManager
 from daemons.model.errors import KVCacheFull
@@ -25,11 +26,11 @@ class TokenEvent:
 
 
 class ContinuousBatcher:
-    def __init__(self, runner: ModelRunner, block_manager: BlockManager, *, eos_token_id: int,
+    def __init__(self, runner: ModelRunner, block_manager: BlockManager, *, stop_token_ids: Collection[int],
                  max_batch_size: int = 64) -> None:
         self.runner = runner
         self.block_manager = block_manager
-        self.eos_token_id = eos_token_id
+        self.stop_token_ids = frozenset(stop_token_ids)
         self.max_batch_size = max_batch_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -84,7 +85,7 @@ class ContinuousBatcher:
         if batch:
             logits = self.runner.decode(batch)
             for seq, token in zip(batch, logits.argmax(dim=-1).tolist()):
-                seq.append(token, self.eos_token_id)
+                seq.append(token, self.stop_token_ids)
                 events.append(TokenEvent(seq.seq_id, token, seq.finish_reason))
         for seq in [s for s in self.running if s.is_finished]:
             self.block_manager.deallocate(seq)

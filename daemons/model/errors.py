@@ -19,3 +19,10 @@ class CheckpointError(MooncakeError):
     """A model directory that is missing files, names another architecture or lacks weights."""
 
     code, name = -1091, "CHECKPOINT_ERROR"
+
+
+class ChatTemplateError(MooncakeError):
+    """A conversation that cannot become a prompt: the checkpoint has no chat template, or its
+    template refused the messages (``raise_exception``); the caller's request is at fault."""
+
+    code, name = -1092, "CHAT_TEMPLATE_ERROR"

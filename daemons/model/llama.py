@@ -1,4 +1,4 @@
-"""The Llama-style decoder: embeddings, decoder layers, final norm and LM head.
+"""The Llama-style decoder (Llama, Mistral, Qwen2, Qwen3): embeddings, decoder layers, final norm and LM head.
 
 ``forward_dense`` runs a whole sequence with ordinary causal attention and no cache. It is the
 ground truth the paged paths (``runner.py``) are tested against, and shares every layer with them.

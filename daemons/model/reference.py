@@ -6,7 +6,8 @@ from daemons.model.llama import LlamaModel
 
 
 def generate_reference(model: LlamaModel, prompt_tokens: list[int], max_tokens: int) -> list[int]:
-    """The greedy continuation of ``prompt_tokens``: at most ``max_tokens``, ending with EOS if reached.
+    """The greedy continuation of ``prompt_tokens``: at most ``max_tokens``, ending with the first
+    stop token (EOS or another of ``stop_token_ids``) if one comes.
 
     Every step recomputes the whole sequence densely; slow, but it shares nothing with the paged
     cache, the block tables or the batcher that it checks.
@@ -18,6 +19,6 @@ def generate_reference(model: LlamaModel, prompt_tokens: list[int], max_tokens: 
         token = int(model.forward_dense(tokens)[-1].argmax())
         tokens.append(token)
         generated.append(token)
-        if token == model.config.eos_token_id:
+        if token in model.config.stop_token_ids:
             break
     return generated

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Hashable
+from collections.abc import Container, Hashable
 
 from scheduler.block_hash import BlockKey, prefix_block_keys
 
@@ -18,7 +18,7 @@ class Sequence:
     # Leading tokens whose KV is in this worker's pages: loaded prefix blocks, then whatever
     # prefill and decode have computed. The next forward pass starts here.
     num_kv_tokens: int = 0
-    finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens), or a failure
+    finish_reason: str | None = None  # "stop" (a stop token) or "length" (max_tokens), or a failure
 
     @classmethod
     def from_prompt(cls, seq_id: Hashable, prompt_tokens: list[int], max_tokens: int) -> Sequence:
@@ -44,10 +44,11 @@ class Sequence:
         Generated tokens get no keys; their KV comes from decode and is never shared."""
         return prefix_block_keys(self.token_ids[:self.num_prompt_tokens], block_size, seed=seed, salt=salt)
 
-    def append(self, token: int, eos_token_id: int) -> None:
-        """Add a sampled token; the sequence finishes on EOS (kept in the output) or at max_tokens."""
+    def append(self, token: int, stop_token_ids: Container[int]) -> None:
+        """Add a sampled token; the sequence finishes on a stop token (kept in the output) or at
+        max_tokens."""
         self.token_ids.append(token)
-        if token == eos_token_id:
+        if token in stop_token_ids:
             self.finish_reason = "stop"
         elif len(self.generated) >= self.max_tokens:
             self.finish_reason = "length"

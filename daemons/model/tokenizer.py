@@ -1,7 +1,8 @@
 """Tokenizers: what turns prompts and chat messages into token ids and generated ids back into text.
 
 Every tokenizer here has the shape of :class:`Tokenizer`, so the front end never asks which one it
-holds. :class:`ByteTokenizer` serves the tiny random model: ids 0..255 are bytes, then BOS, EOS
+holds: a checkpoint's own is :class:`daemons.model.hf_tokenizer.HfTokenizer`, and
+:class:`ByteTokenizer` serves the tiny random model: ids 0..255 are bytes, then BOS, EOS
 and PAD; it needs no vocabulary file, so the model runs anywhere, and every string (any language,
 any bytes) round-trips exactly.
 """

@@ -66,7 +66,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
         self.kv_address = address_of(buffer)
         self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
         self.batcher = ContinuousBatcher(ModelRunner(self.model, self.kv), self.pages,
-                                         eos_token_id=self.model.config.eos_token_id,
+                                         stop_token_ids=self.model.config.stop_token_ids,
                                          max_batch_size=self.config.max_batch_size)
         self.reservations = Reservations()
         self.cond = threading.Condition()
@@ -114,7 +114,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
             if seq is None:
                 raise InvalidArgument(f"no reservation for request {request.args['request_id']!r}")
             seq.num_kv_tokens = len(seq)  # the prefill worker wrote KV of every prompt token
-            seq.append(int(request.args["first_token"]), self.model.config.eos_token_id)
+            seq.append(int(request.args["first_token"]), self.model.config.stop_token_ids)
             if seq.is_finished:
                 self.pages.deallocate(seq)
             else:

@@ -23,13 +23,13 @@ def model():
 def _decode_worker(model, num_blocks=64, max_batch_size=64):
     kv = KVCache(KVCacheLayout.for_model(model.config, BLOCK, num_blocks))
     runner, pages = ModelRunner(model, kv), BlockManager(num_blocks, BLOCK)
-    return runner, pages, ContinuousBatcher(runner, pages, eos_token_id=EOS, max_batch_size=max_batch_size)
+    return runner, pages, ContinuousBatcher(runner, pages, stop_token_ids={EOS}, max_batch_size=max_batch_size)
 
 
 def _prefilled(runner, pages, seq_id, tokens, max_tokens):
     seq = Sequence.from_prompt(seq_id, tokens, max_tokens)
     pages.allocate(seq)
-    seq.append(int(runner.prefill(seq).argmax()), EOS)
+    seq.append(int(runner.prefill(seq).argmax()), {EOS})
     return seq
 
 

@@ -107,8 +107,8 @@ def test_pipelined_prefill_then_decode_generates_reference_tokens(model):
             for mine, theirs in zip(stage_seq.block_table, seq.block_table):
                 kv.import_block(theirs, runner.kv_cache.export_block(mine, layer), layer)
     seq.num_kv_tokens = len(tokens)
-    seq.append(int(logits.argmax()), model.config.eos_token_id)
-    batcher = ContinuousBatcher(ModelRunner(model, kv), pages, eos_token_id=model.config.eos_token_id)
+    seq.append(int(logits.argmax()), model.config.stop_token_ids)
+    batcher = ContinuousBatcher(ModelRunner(model, kv), pages, stop_token_ids=model.config.stop_token_ids)
     batcher.add(seq)
     while not seq.is_finished:
         batcher.step()

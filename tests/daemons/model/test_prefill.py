@@ -61,9 +61,9 @@ def test_prefix_loaded_from_bytes_gives_bitwise_kv_and_same_tokens(model):
                        cold_runner.kv_cache.tensor[cold.block_table[3], :, :, :5])
     assert torch.equal(warm_logits, cold_logits)
     # Decoding on from the reused prefix continues exactly as the one-process reference.
-    eos = model.config.eos_token_id
-    warm.append(int(warm_logits.argmax()), eos)
-    batcher = ContinuousBatcher(warm_runner, warm_pages, eos_token_id=eos)
+    stop = model.config.stop_token_ids
+    warm.append(int(warm_logits.argmax()), stop)
+    batcher = ContinuousBatcher(warm_runner, warm_pages, stop_token_ids=stop)
     batcher.add(warm)
     while batcher.num_active:
         batcher.step()
