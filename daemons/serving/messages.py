@@ -22,18 +22,50 @@ import these from here, as they import :mod:`daemons.serving.errors`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
+
+import pydantic
 
 from transfer.errors import InvalidArgument
 
+T = TypeVar("T")
 WORKER_ROLES = ("prefill", "decode")
 WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADDRESS = re.compile(r"(tcp|unix|ipc)://\S{1,250}")
 MAX_STEP_S = 600.0  # a decode step reported as longer is not a measurement
 MAX_WRITERS = 64  # processes one prefill worker names as writers (a CPP group's stages)
+
+
+def wire_parser(from_wire: Callable[[type[T], Any], T]) -> Callable[[type[T], Any], T]:
+    """Make a ``from_wire`` refuse a map of the wrong shape with InvalidArgument: a peer's
+    message missing a key, or with a value of the wrong type, is its error, not ours. What
+    ``from_wire`` built is then checked against the dataclass's annotations by pydantic (a
+    string where a list of ids belongs would otherwise fail later, far from its cause)."""
+    @functools.wraps(from_wire)
+    def parse(cls: type[T], message: Any) -> T:
+        if not isinstance(message, dict):
+            raise InvalidArgument(f"a {cls.__name__} is a map, got {type(message).__name__}")
+        try:
+            built = from_wire(cls, message)
+            _adapter(cls).validate_python(asdict(built))
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise InvalidArgument(f"malformed {cls.__name__}: {where}: {first['msg']}") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+            raise InvalidArgument(f"malformed {cls.__name__}: {type(exc).__name__}: {exc}") from None
+        return built
+    return parse
+
+
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(cls)
 
 
 def checked_int(message: dict[str, Any], key: str, low: int, high: int = 2**53) -> int:
@@ -62,6 +94,7 @@ class KvTarget:
         return {"segment": self.segment, "kv_address": self.kv_address, "block_ids": list(self.block_ids)}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> KvTarget:
         return cls(message["segment"], message["kv_address"], list(message["block_ids"]))
 
@@ -87,6 +120,7 @@ class PrefillJob:
                 "deadline_s": self.deadline_s}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> PrefillJob:
         return cls(message["request_id"], message["token_ids"], message["load_blocks"], message["store"],
                    KvTarget.from_wire(message["decode"]), message.get("local_blocks", 0),
@@ -105,6 +139,7 @@ class PrefillTimings:
     transfer: float = 0.0
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> PrefillTimings:
         return cls(**{f.name: message[f.name] for f in fields(cls) if f.name in message})
 
@@ -142,6 +177,7 @@ class PrefillReport:
         return message
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> PrefillReport:
         timings = message.get("timings")
         return cls(**{f.name: message.get(f.name) for f in fields(cls) if f.name != "timings"},
@@ -171,6 +207,7 @@ class DecodeStep:
                 "step_s": self.step_s, "batch": self.batch, "context": self.context}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> DecodeStep:
         step_s = message.get("step_s")
         if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or not 0 <= step_s <= MAX_STEP_S:
@@ -201,6 +238,7 @@ class WriterProcess:
         return asdict(self)
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> WriterProcess:
         if not isinstance(message, dict) or not isinstance(message.get("host"), str):
             raise InvalidArgument(f"a writer process is {{host, pid, started}}, got {message!r:.80}")
@@ -220,6 +258,7 @@ class PrefillWriter:
         return {"name": self.name, "address": self.address, "processes": [p.to_wire() for p in self.processes]}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> PrefillWriter:
         return cls(message["name"], message["address"],
                    [WriterProcess.from_wire(p) for p in message["processes"]])
@@ -237,6 +276,7 @@ class DropAnswer:
         return {"dropped": self.dropped, "process": self.process.to_wire()}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> DropAnswer:
         return cls(bool(message["dropped"]), WriterProcess.from_wire(message["process"]))
 
@@ -256,6 +296,7 @@ class WorkerCalibration:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> WorkerCalibration:
         coef = {name: tuple(float(c) for c in message[name]) for name in ("prefill_coef", "tbt_coef")
                 if message.get(name) is not None}
@@ -289,6 +330,7 @@ class WorkerHeartbeat:
         return beat
 
     @classmethod
+    @wire_parser
     def from_wire(cls, message: dict[str, Any]) -> WorkerHeartbeat:
         name = checked_str(message, "name", WORKER_NAME)
         role = message.get("role")

@@ -41,7 +41,7 @@ from typing import Any
 import topology
 from daemons.cluster.workdir import shm_prefix
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
-from daemons.serving.messages import DecodedToken, DecodeStep, DropAnswer, KvTarget, PrefillWriter
+from daemons.serving.messages import DecodedToken, DecodeStep, DropAnswer, KvTarget, PrefillWriter, checked_int
 from daemons.workers.base import WorkerDaemon
 from daemons.workers.reservations import ASK_INTERVAL, Reservations, may_free
 from daemons.workers.writer_liveness import verifiably_dead
@@ -100,7 +100,12 @@ class DecodeWorkerDaemon(WorkerDaemon):
             writer = PrefillWriter.from_wire(args["writer"])
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"decode.reserve needs the writing prefill worker ({type(exc).__name__}: {exc})") from None
-        seq = Sequence.from_prompt(args["request_id"], args["token_ids"], args["max_tokens"])
+        vocab = self.model.config.vocab_size
+        token_ids = args.get("token_ids")
+        if not isinstance(token_ids, list) or not token_ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
+            raise InvalidArgument(f"decode.reserve: token_ids must be a non-empty list of ids in 0..{vocab - 1}")
+        seq = Sequence.from_prompt(_request_id(args), token_ids, checked_int(args, "max_tokens", 1, 2**31))
         with self.cond:
             if seq.seq_id in self.reservations:
                 raise InvalidArgument(f"request {seq.seq_id!r} already holds pages here")
@@ -109,12 +114,14 @@ class DecodeWorkerDaemon(WorkerDaemon):
         return KvTarget(self.engine.name, self.kv_address, list(seq.block_table)).to_wire()
 
     def _start(self, request: Request) -> dict:
+        request_id = _request_id(request.args)
+        first_token = checked_int(request.args, "first_token", 0, self.model.config.vocab_size - 1)
         with self.cond:
-            seq = self.reservations.take(request.args["request_id"])
+            seq = self.reservations.take(request_id)
             if seq is None:
-                raise InvalidArgument(f"no reservation for request {request.args['request_id']!r}")
+                raise InvalidArgument(f"no reservation for request {request_id!r}")
             seq.num_kv_tokens = len(seq)  # the prefill worker wrote KV of every prompt token
-            seq.append(int(request.args["first_token"]), self.model.config.stop_token_ids)
+            seq.append(first_token, self.model.config.stop_token_ids)
             if seq.is_finished:
                 self.pages.deallocate(seq)
             else:
@@ -123,7 +130,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
         return {"finish_reason": seq.finish_reason}
 
     def _release(self, request: Request) -> dict:
-        request_id = request.args["request_id"]
+        request_id = _request_id(request.args)
         with self.cond:
             seq = self.reservations.take(request_id)
             if seq is not None:
@@ -188,3 +195,10 @@ class DecodeWorkerDaemon(WorkerDaemon):
             wanted = self.reservations.writer_addresses()
         for address in set(self.writer_clients) - wanted:
             self.writer_clients.pop(address).close()
+
+
+def _request_id(args: dict) -> str:
+    request_id = args.get("request_id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= 256:
+        raise InvalidArgument(f"request_id must be a string, got {request_id!r:.40}")
+    return request_id
