@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 # Which module of commands/ registers each command (with its `register(root)`), in the order
 # `mooncake --help` lists them.
@@ -25,7 +25,7 @@ COMMANDS = {
 }
 
 
-def commands_of(module: str) -> dict[str, typer.core.TyperCommand | TyperGroup]:
+def commands_of(module: str) -> dict[str, TyperCommand | TyperGroup]:
     """The commands that ``mooncake_cli.commands.<module>`` registers, built as click commands."""
     holder = typer.Typer()
     importlib.import_module(f"mooncake_cli.commands.{module}").register(holder)
@@ -36,9 +36,9 @@ class LazyCommands(Mapping):
     """COMMANDS' names, each built on first lookup together with the rest of its module's."""
 
     def __init__(self) -> None:
-        self._built: dict[str, typer.core.TyperCommand | TyperGroup] = {}
+        self._built: dict[str, TyperCommand | TyperGroup] = {}
 
-    def __getitem__(self, name: str) -> typer.core.TyperCommand | TyperGroup:
+    def __getitem__(self, name: str) -> TyperCommand | TyperGroup:
         if name not in self._built:
             self._built.update(commands_of(COMMANDS[name]))  # KeyError for an unknown name
         return self._built[name]
@@ -51,6 +51,9 @@ class LazyCommands(Mapping):
 
 
 class LazyGroup(TyperGroup):
+    """The root group, holding LazyCommands in place of the commands registered with the app
+    (typer builds a group from those, and has no lazy kind)."""
+
     def __init__(self, **attrs) -> None:
         super().__init__(**{**attrs, "commands": LazyCommands()})
 
