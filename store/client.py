@@ -20,12 +20,12 @@ from its own loop).
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import threading
 import time
 import uuid
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from store.disk_reader import DiskReader
@@ -36,6 +36,7 @@ from store.segment_owner import SegmentOwner
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.from_settings import open_engine
+from transfer.memory import copy_into
 from transfer.settings import Config, resolve
 
 
@@ -111,13 +112,14 @@ class StoreClient:
     def unregister_buffer(self, buffer_or_address: Any) -> None:
         self.engine.unregister_local_memory(buffer_or_address, update_metadata=False)
 
-    def _staging(self, size: int) -> tuple[np.ndarray, int]:
+    def _staging(self, size: int) -> tuple[memoryview, int]:
         held = getattr(self._local, "staging", None)
         if held is None or held[0].nbytes < size:
             if held is not None:
                 self.unregister_buffer(held[1])
-            array = np.empty(max(size, 1 << 16), dtype=np.uint8)
-            held = self._local.staging = (array, self.register_buffer(array))
+            # Anonymous pages, not numpy: no up-front fill, and a small put imports no numpy.
+            view = memoryview(mmap.mmap(-1, max(size, 1 << 16)))
+            held = self._local.staging = (view, self.register_buffer(view))
         return held
 
     # -- puts -----------------------------------------------------------------------------------
@@ -132,7 +134,7 @@ class StoreClient:
         (use ``upsert=True`` to overwrite)."""
         source = memoryview(value).cast("B")
         staging, address = self._staging(source.nbytes)
-        staging[:source.nbytes] = np.frombuffer(source, dtype=np.uint8)
+        copy_into(staging[:source.nbytes], source)
         self.put_from(key, address, source.nbytes, upsert=upsert, **replication)
 
     def put_from(self, key: str, address: int, size: int, *, upsert: bool = False,
@@ -148,7 +150,7 @@ class StoreClient:
         staging, address = self._staging(sum(v.nbytes for v in views))
         addresses, offset = [], 0
         for view in views:
-            staging[offset:offset + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
+            copy_into(staging[offset:offset + view.nbytes], view)
             addresses.append(address + offset)
             offset += view.nbytes
         return self.batch_put_from(keys, addresses, [v.nbytes for v in views], **kwargs)
@@ -383,6 +385,8 @@ class StoreClient:
 
     def _copy_through(self, sources: list[ReplicaDescriptor], targets: list[ReplicaDescriptor],
                       checksum: int | None) -> MooncakeError | None:
+        import numpy as np  # only here: a store client that copies no replicas needs none of it
+
         size = targets[0].size
         array = np.empty(size, dtype=np.uint8)
         address = self.register_buffer(array)

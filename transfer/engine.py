@@ -13,9 +13,7 @@ import itertools
 import logging
 import threading
 import uuid
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from transfer.batch import OpCode, Slice, Task
 from transfer.batches import BatchMixin
@@ -39,6 +37,9 @@ from transfer.shm.region import SharedRegion, remove_orphans
 from transfer.shm.transport import ShmTransport
 from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # fallback reasons already logged by this process
@@ -245,6 +246,8 @@ class TransferEngine(BatchMixin):
         with self._lock:
             self._owned[address] = region
         self._publish()
+        import numpy as np  # here, not at the top: an engine that moves only small objects needs none of it
+
         return np.frombuffer(region.view, dtype=np.uint8)
 
     def buffer_at(self, address: int, length: int) -> memoryview:

@@ -13,13 +13,19 @@ import bisect
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from transfer.descriptor import BufferDesc
 from transfer.errors import AddressNotRegistered, AddressOverlapped, InvalidArgument
 from transfer.gpu.device_memory import device_buffer_of
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Below this a copy is a memoryview slice assignment: numpy's wrapping costs more than the
+# copy, and a copy this short gains nothing from releasing the GIL. It also keeps numpy out of
+# a process that moves only small objects (a `mooncake get` of a few KiB imports none of it).
+SMALL_COPY = 64 * 1024
 
 
 @dataclass
@@ -91,7 +97,20 @@ def _host_extent(obj: Any) -> tuple[int, int]:
 
 def as_array(view: memoryview) -> np.ndarray:
     """A numpy array over a byte view, for copies that release the GIL."""
+    import numpy as np  # only for large copies: see SMALL_COPY
+
     return np.frombuffer(view, dtype=np.uint8)
+
+
+def copy_into(target: memoryview, source: memoryview) -> None:
+    """``target[:] = source`` for two byte views of one length; from SMALL_COPY up through numpy,
+    which releases the GIL while it copies."""
+    if source.nbytes <= SMALL_COPY:
+        target[:] = source
+    else:
+        import numpy as np  # see SMALL_COPY
+
+        np.copyto(as_array(target), as_array(source))
 
 
 class MemoryRegistry:

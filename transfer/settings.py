@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Mapping
 
-import yaml
-
 from transfer.errors import SettingError
 
 # One meaning for every size in the project, the one Mooncake itself uses ("256MB" in its
@@ -452,6 +450,8 @@ class Config:
 
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML config file: a flat map of setting names (snake or dashed) to values."""
+    import yaml  # only here: every `mooncake` call resolves settings, few of them from a file
+
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -7,6 +7,7 @@ import tempfile
 import typer
 from rich.table import Table
 
+from mooncake_cli.commands import bench_failover, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit
 
@@ -86,3 +87,15 @@ def rpc(
         return table
 
     emit(data, json_output, render)
+
+
+app.command("sched")(bench_sched.sched)
+app.command("transfer")(bench_transfer.transfer)
+app.command("store")(bench_store.store)
+app.command("serve")(bench_serve.serve)
+app.command("prefill")(bench_prefill.prefill)
+app.command("failover")(bench_failover.failover)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="bench")

@@ -83,4 +83,8 @@ def generate(
                      f"TTFT {_ms(rows[0]['ttft_s'])} ms -> {_ms(rows[1]['ttft_s'])} ms", highlight=False)
 
 
-__all__ = ["generate"]
+def register(root: typer.Typer) -> None:
+    root.command("generate")(generate)
+
+
+__all__ = ["generate", "register"]

@@ -22,6 +22,7 @@ import typer
 from typer.core import TyperCommand
 
 from daemons.errors import MetadataServerUnavailable
+from mooncake_cli.commands import start_role
 from mooncake_cli.commands.start_role import launch, preflight
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail
@@ -112,3 +113,10 @@ def master(
                  "--http_metadata_server_port", str(http[1])]
     emit(launch(paths, config, "master", NAME, args), json_output,
          lambda record: f"master serving on {record['address']}")
+
+
+start_role.register(app)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="start")

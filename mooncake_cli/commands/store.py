@@ -1,12 +1,14 @@
 """`mooncake put/get/rm/exists`: one object in the running cluster's store.
 
-Each command is a library store client for its lifetime (see daemons.cluster.store_access): a put moves
-the bytes from this process into the replicas' segments, a get moves them back, verified.
+put and get are each a library store client for their lifetime (see daemons.cluster.store_access):
+a put moves the bytes from this process into the replicas' segments, a get moves them back,
+verified. rm and exists only ask the master, so they open no transfer engine.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,14 +20,22 @@ from transfer.errors import MooncakeError
 
 if TYPE_CHECKING:
     from store.client import StoreClient
+    from store.master_client import MasterClient
 
 
 def _connect(config: Config) -> StoreClient:
-    """The store client a command uses for its lifetime, imported only when one runs: every
-    `mooncake` call imports this module to build its parser, and the client brings the store's code."""
+    """The store client a put or get uses for its lifetime, imported only when one runs: rm,
+    exists and `mooncake --help` import this module too, and should not pay for the store's and
+    the transfer engine's code."""
     from daemons.cluster.store_access import connect
 
     return connect(config)
+
+
+def _connect_master(config: Config) -> MasterClient:
+    from daemons.cluster.store_access import connect_master  # here for start-up time, as in _connect
+
+    return connect_master(config, "cli")
 
 
 def expand_soft_pin_value(argv: list[str]) -> list[str]:
@@ -111,8 +121,8 @@ def rm(
 
     Exit 1 if there is none, or a reader holds a lease on it (unless --force)."""
     try:
-        with _connect(config) as client:
-            client.remove(key, force)
+        with closing(_connect_master(config)) as master:
+            master.remove(key, force)
     except MooncakeError as exc:
         fail_on(exc)
 
@@ -128,8 +138,8 @@ def exists(
 
     Grants no lease, so probing never keeps an object from being evicted."""
     try:
-        with _connect(config) as client:
-            found = client.exists(key)
+        with closing(_connect_master(config)) as master:
+            found = master.exists(key)
     except MooncakeError as exc:
         fail_on(exc)
     if json_output:

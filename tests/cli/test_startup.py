@@ -1,27 +1,38 @@
-"""What a `mooncake` call imports before its command runs.
+"""What a `mooncake` call imports before, and while, its command runs.
 
-Every call builds the whole command tree to parse its arguments (the suite's own daemons start
-as `python -m mooncake_cli start ROLE --foreground`), so a command module imports the library
-behind it inside the command. These fail when a heavy import comes back to a module's top level.
+Shell scripts call `mooncake exists` and `mooncake get` in loops, and the suite's own daemons
+start as `python -m mooncake_cli start ROLE --foreground`: the root group imports only the
+module of the command that runs, a command module imports the library behind it inside the
+command, and a small object's put or get moves through no numpy. These fail when a heavy import
+comes back to a module's top level.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+import pytest
+
+from mooncake_cli.app import COMMANDS, commands_of
+from tests.conftest import REPO, Mooncake
 
 # What the commands use, none of which parsing needs: the daemons and the libraries they stand on.
 BEHIND_THE_COMMANDS = (
-    "torch", "numpy", "etcd3gw", "requests", "zmq", "msgpack", "psutil",
+    "torch", "numpy", "etcd3gw", "requests", "zmq", "msgpack", "psutil", "yaml", "pydantic",
     "daemons.supervisor", "daemons.launcher", "daemons.roles", "daemons.master", "daemons.store_client",
     "daemons.serving.client", "store.client", "store.master_client", "scheduler.conductor", "scheduler.sim.engine",
     "transfer.engine", "transfer.rpc.client_server", "transfer.etcd.kv", "topology",
 )
 # What only a daemon's own process needs: `mooncake status` and `down` import the supervisor.
 DAEMON_CODE = ("torch", "numpy", "etcd3gw", "requests", "daemons.master", "daemons.store_client", "store.client")
+# What no put, get or exists of a small object needs: the models' and etcd's libraries, numpy
+# (large copies only), and the daemons.
+NOT_FOR_A_SMALL_OBJECT = ("torch", "numpy", "etcd3gw", "requests", "yaml", "daemons.supervisor",
+                          "daemons.launcher", "daemons.master", "daemons.store_client")
 
 
 def _imported(statement: str, candidates: tuple[str, ...]) -> list[str]:
@@ -36,9 +47,88 @@ def test_building_the_cli_imports_nothing_behind_the_commands():
     assert _imported("import mooncake_cli.app", BEHIND_THE_COMMANDS) == []
 
 
+def test_building_the_cli_imports_no_command_module():
+    statement = "import mooncake_cli.app; print([m for m in sys.modules if m.startswith('mooncake_cli.commands.')], file=sys.stderr)"
+    result = subprocess.run([sys.executable, "-c", f"import sys; {statement}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr.strip() == "[]", result.stderr
+
+
 def test_the_supervisor_imports_no_daemon_code():
     assert _imported("import daemons.supervisor", DAEMON_CODE) == []
 
 
 def test_etcd3gw_is_imported_only_for_an_etcd_client():
     assert _imported("import transfer.etcd.kv", ("etcd3gw", "requests")) == []
+
+
+def test_the_command_table_names_every_command_each_module_registers():
+    modules = set(COMMANDS.values())
+    registered = {name: module for module in modules for name in commands_of(module)}
+    assert registered == COMMANDS
+
+
+def test_help_lists_every_command_with_its_one_line_help():
+    env = {**os.environ, "COLUMNS": "250"}
+    result = subprocess.run([sys.executable, "-m", "mooncake_cli", "--help"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = [re.sub(r"\s+", " ", line.strip("│ ")) for line in result.stdout.splitlines()]
+    listed = [row.split(" ", 1)[0] for row in rows if row.split(" ", 1)[0] in COMMANDS]
+    assert listed == list(COMMANDS)  # every one, in the table's order
+    for name, module in COMMANDS.items():
+        summary = commands_of(module)[name].help.strip().splitlines()[0]
+        assert any(row.startswith(f"{name} ") and summary in row for row in rows), (name, summary)
+
+
+def test_an_unknown_command_is_a_usage_error_that_suggests_the_near_one():
+    result = subprocess.run([sys.executable, "-m", "mooncake_cli", "exist", "k"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "Did you mean 'exists'?" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    runner = Mooncake(tmp_path_factory.mktemp("startup") / "cluster")
+    up = runner("up")
+    assert up.returncode == 0, up.stderr.decode()
+    yield runner
+    runner("down")
+
+
+def _run_and_list_modules(mooncake: Mooncake, *args: str, input: bytes | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``mooncake ARGS`` in a fresh interpreter, and every module it held when it exited."""
+    code = ("import atexit, json, sys\n"
+            "atexit.register(lambda: sys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules))))\n"
+            "sys.argv = ['mooncake', *sys.argv[1:]]\n"
+            "from mooncake_cli.app import main\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=mooncake.env, input=input,
+                            capture_output=True, timeout=60)
+    modules = json.loads(result.stderr.decode().rpartition("\nMODULES ")[2])
+    return result, set(modules)
+
+
+def test_a_small_objects_put_get_and_exists_import_no_numpy_torch_or_etcd(cluster):
+    blob = os.urandom(4096)
+    put, put_modules = _run_and_list_modules(cluster, "put", "small", "-", input=blob)
+    assert put.returncode == 0, put.stderr.decode()
+    got, get_modules = _run_and_list_modules(cluster, "get", "small")
+    assert got.returncode == 0 and got.stdout == blob
+    found, exists_modules = _run_and_list_modules(cluster, "exists", "small")
+    assert found.returncode == 0
+
+    assert "transfer.engine" in get_modules and "store.client" in put_modules  # they moved the bytes
+    for modules in (put_modules, get_modules, exists_modules):
+        assert sorted(modules & set(NOT_FOR_A_SMALL_OBJECT)) == []
+    # exists asks the master alone (no store client, no transfer engine) and, found, prints nothing.
+    assert sorted(exists_modules & {"store.client", "transfer.engine", "topology", "psutil", "rich"}) == []
+
+
+def test_a_large_put_still_copies_through_numpy(cluster):
+    blob = os.urandom(256 * 1024)
+    put, modules = _run_and_list_modules(cluster, "put", "large", "-", input=blob)
+    assert put.returncode == 0, put.stderr.decode()
+    assert "numpy" in modules
+    assert cluster("get", "large").stdout == blob
+

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from transfer.errors import InvalidArgument
 from transfer.gpu.device_memory import view_address
 
@@ -49,6 +47,8 @@ class TorchCudaBuffer:
         return memoryview(host.numpy())  # the array keeps the pinned tensor alive
 
     def _host_tensor(self, host: memoryview, offset: int, length: int) -> Any:
+        import numpy as np  # with torch or cupy only: the engine imports this module for gpudirect_available
+
         return self._torch.from_numpy(np.frombuffer(host, np.uint8, length, offset))
 
     def to_host(self, host: memoryview, offset: int, length: int) -> None:
@@ -72,6 +72,8 @@ class CupyBuffer:
         self.location = f"cuda:{self.device_id}"
 
     def pinned_host(self) -> memoryview:
+        import numpy as np  # as in TorchCudaBuffer._host_tensor
+
         pinned = self._cupy.cuda.alloc_pinned_memory(self.nbytes)
         host = np.frombuffer(pinned, np.uint8, self.nbytes)  # keeps the pinned allocation alive
         return memoryview(host)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import BufferDesc, SegmentDescriptor
-from transfer.memory import as_array
+from transfer.memory import copy_into
 from transfer.shm.region import SharedRegion
 from transfer.transport import SliceSink, Transport
 
@@ -96,18 +94,8 @@ class ShmTransport(Transport):
             region.close()
 
 
-# Below this a copy is a memoryview slice assignment: numpy's wrapping costs more than the
-# copy, and a copy this short gains nothing from releasing the GIL.
-SMALL_COPY = 64 * 1024
-
-
 def _copy(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
-    if local.nbytes <= SMALL_COPY:
-        if opcode == OpCode.WRITE:
-            remote[:] = local
-        else:
-            local[:] = remote
-    elif opcode == OpCode.WRITE:
-        np.copyto(as_array(remote), as_array(local))
+    if opcode == OpCode.WRITE:
+        copy_into(remote, local)
     else:
-        np.copyto(as_array(local), as_array(remote))
+        copy_into(local, remote)

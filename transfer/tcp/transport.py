@@ -16,8 +16,6 @@ import ipaddress
 import threading
 import time
 
-import psutil
-
 from transfer.batch import Slice
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
 from transfer.errors import TransferFailed, TransferTimeout
@@ -198,6 +196,8 @@ class TcpTransport(Transport):
 
 
 def _interface_ipv4(nic: str) -> str | None:
+    import psutil  # here and in _network_of: only a TCP connection needs it, not every engine's start
+
     for address in psutil.net_if_addrs().get(nic, []):
         if address.family.name == "AF_INET":
             return address.address
@@ -223,6 +223,8 @@ def _match_endpoint(endpoints: list[Endpoint], local_host: str | None, nic: str)
 def _network_of(host: str | None) -> ipaddress.IPv4Network | None:
     if host is None:
         return None
+    import psutil
+
     for addresses in psutil.net_if_addrs().values():
         for address in addresses:
             if address.address == host and address.netmask:
