@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,10 @@ from daemons.base import Daemon
 from daemons.cluster.advertise import advertise_host, advertised
 from daemons.cluster.service_registry import ServiceRegistration
 from daemons.cluster.workdir import read_json
-from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
+from daemons.model import ModelConfig, Tokenizer, build_tokenizer
 from daemons.serving.errors import BadRequest
-from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.http_frontend import RANDOM_MODEL_ID, build_app
+from daemons.serving.http_server import HttpServer
 from daemons.serving.kv_events import KvEventSubscriber
 from daemons.serving.service import ServingService
 from scheduler.block_hash import parse_key
@@ -44,11 +44,16 @@ log = logging.getLogger(__name__)
 MAX_INDEX_QUERY = 1024  # block keys one conductor.index call may ask about
 
 
-def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
+def vocab_size(config: Any, tokenizer: Tokenizer | None) -> int:
     if tokenizer is not None:
         return tokenizer.vocab_size
     hf = json.loads((Path(config.model_dir) / "config.json").read_text())
     return ModelConfig.from_hf(hf).vocab_size
+
+
+def served_model_id(config: Any) -> str:
+    """The model's name in /v1/models: its checkpoint directory's, or the random model's."""
+    return Path(config.model_dir).resolve().name if config.model_dir else RANDOM_MODEL_ID
 
 
 class ConductorDaemon(Daemon):
@@ -71,14 +76,13 @@ class ConductorDaemon(Daemon):
         else:
             log.warning("no master to follow: the cache index stays empty")
         tokenizer = build_tokenizer(self.config)
-        self.http = FrontEnd(self.config.bind_host, self.config.http_port, self.service, tokenizer,
-                             vocab_size(self.config, tokenizer), self.config.http_max_body,
-                             self.config.default_max_tokens)
-        self.http_thread = threading.Thread(target=self.http.serve_forever, name="http", daemon=True)
-        self.http_thread.start()
+        app = build_app(self.service, tokenizer, vocab_size(self.config, tokenizer), served_model_id(self.config),
+                        self.config.http_max_body, self.config.default_max_tokens)
+        self.http = HttpServer(app, self.config.bind_host, self.config.http_port,
+                               self.config.drain_timeout).start(self.config.start_timeout)
         if self.config.master:
             # Other hosts need the address they can reach, not the one we bound.
-            http_port = self.http.server_address[1]
+            http_port = self.http.port
             self.registration = ServiceRegistration(self.config.master, {
                 "name": "conductor", "address": advertised(self.server.address, self.config),
                 "http_address": f"http://{advertise_host(self.config)}:{http_port}",
@@ -96,8 +100,7 @@ class ConductorDaemon(Daemon):
         if self.registration is not None:
             self.registration.close()
         if hasattr(self, "http"):
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.close()
 
     def _index(self, request: Any) -> dict[str, Any]:
         wanted = request.args.get("blocks", [])

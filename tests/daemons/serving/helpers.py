@@ -46,14 +46,19 @@ class Reference:
         return generate_reference(self.model, prompt_tokens, max_tokens)
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def request(url: str, method: str, path: str, body: bytes | None = None,
-            headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+            headers: dict | None = None, timeout: float = 30) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One HTTP call (status, headers looked up case-insensitively, body); a body is sent as JSON
+    unless ``headers`` say otherwise."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        connection.request(method, path, body, headers or {})
+        connection.request(method, path, body, JSON if headers is None and body is not None else headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, response.headers, response.read()
     finally:
         connection.close()
 
@@ -89,7 +94,7 @@ def sse_events(url: str, body: dict, timeout: float):
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode())
+        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode(), JSON)
         response = connection.getresponse()
         assert response.status == 200, response.read()
         for line in response:

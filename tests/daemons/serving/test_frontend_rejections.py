@@ -7,12 +7,12 @@ and a real front end on loopback are all these need.
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from daemons.model import ByteTokenizer
-from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.http_frontend import build_app
+from daemons.serving.http_server import HttpServer
 from daemons.serving.messages import WorkerCalibration
 from daemons.serving.service import ServingService
 from tests.daemons.serving.helpers import metric, request
@@ -27,15 +27,14 @@ def frontend():
 
     def start(**settings) -> tuple[str, ServingService]:
         service = ServingService(resolve(settings, environ={}))
-        server = FrontEnd("127.0.0.1", 0, service, ByteTokenizer(), 259, 2**16, 4)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        app = build_app(service, ByteTokenizer(), 259, "mooncake-random", 2**16, 4)
+        server = HttpServer(app, "127.0.0.1", 0, grace=1.0).start(timeout=10)
         started.append(server)
         return server.url, service
 
     yield start
     for server in started:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def _join(service: ServingService, name: str, role: str) -> None:
