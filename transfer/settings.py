@@ -367,7 +367,7 @@ SETTINGS: tuple[Setting, ...] = (
        "Blocks the conductor's cache index keeps at most; the least recently matched or "
        "stored go first.", minimum=1),
     _s("serving", "http_max_body", "size", 2**20,
-       "Largest HTTP request body the front end reads; larger ones get 400.", minimum=64),
+       "Largest HTTP request body the front end reads; larger ones get 413.", minimum=64),
     _s("serving", "request_timeout", "duration", 60.0,
        "Deadline of one generation request, arrival to last token."),
     _s("serving", "worker_timeout", "duration", 2.0,

@@ -10,10 +10,11 @@ RPC operations the workers call (see :mod:`daemons.serving.service` for what eac
 
 Its tick drops workers whose heartbeats stopped. A thread it owns follows the master's KV events
 into the cache index (:mod:`daemons.serving.kv_events`); the master is ``--master`` or the one
-announced in the workdir. The HTTP front end (``http_port``, 0: any free
-port) is announced as ``http_address`` in its announce record and cluster.json, which is how
-`mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
-size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
+announced in the workdir. The HTTP front end (:mod:`daemons.serving.http_frontend`, served by
+uvicorn on a thread with its own event loop; ``http_port``, 0: any free port) is announced as
+``http_address`` in its announce record and cluster.json, which is how `mooncake generate` and
+`mooncake bench serve` find it, beside ``kv_block_tokens``, the block size they build prompts
+for. Started with ``--master`` (on a host of its own), it also registers
 both addresses and the block size with the master as the ``conductor`` service and keeps them
 registered (:mod:`daemons.cluster.service_registry`), so workers and `mooncake generate --master`
 on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size

@@ -36,7 +36,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from daemons.model import Tokenizer
 from daemons.serving.completion_request import (ChatBody, CompletionBody, CompletionRequest, chat_request,
@@ -53,7 +55,7 @@ RANDOM_MODEL_ID = "mooncake-random"
 
 
 def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: int, model_id: str,
-              max_body: int, default_max_tokens: int) -> FastAPI:
+              max_body: int, default_max_tokens: int) -> ASGIApp:
     """The ASGI application; :class:`daemons.serving.http_server.HttpServer` serves it."""
     # No /docs pages: they load their scripts from a CDN. The OpenAPI schema stays at /openapi.json.
     app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None, max_body_size=max_body)
@@ -80,7 +82,7 @@ def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: 
         elif exc.status_code == 405:
             message = f"{request.url.path} does not take {request.method}"
         elif exc.status_code == 413:
-            message = f"the body is over the limit of {max_body} bytes (http_max_body)"
+            return _too_large(max_body)
         else:
             message = str(exc.detail)
         kind = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
@@ -91,7 +93,29 @@ def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: 
         # Logged by uvicorn with its traceback; the client still gets an answer it can read.
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
 
-    return app
+    return _RefuseDeclaredOversize(app, max_body)
+
+
+class _RefuseDeclaredOversize:
+    """Answers a body whose Content-Length is over the limit at once, in our error shape. FastAPI's
+    ``max_body_size`` counts the bytes of every other body (chunked ones) and raises through our
+    handler, but for a declared one it replaces whatever the app answers with plain text."""
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = Headers(scope=scope).get("content-length", "")
+            if length.isdigit() and int(length) > self.max_body:
+                await _too_large(self.max_body)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _too_large(max_body: int) -> JSONResponse:
+    return error_response(413, f"the body is over the limit of {max_body} bytes (http_max_body)",
+                          "content_too_large")
 
 
 class OpenAiApi:

@@ -33,6 +33,7 @@ class HttpServer:
         except OSError as exc:
             raise SocketError(f"the HTTP front end cannot listen on {host}:{port} ({exc.strerror or exc}): "
                               "choose another http_port, or 0 for any free one") from None
+        self.host, self.port = self.socket.getsockname()[:2]
         self.grace = grace
         # log_config None: the daemon's logging stays as it is; no access log (one line per request).
         self.server = uvicorn.Server(uvicorn.Config(
@@ -43,12 +44,7 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        host, port = self.socket.getsockname()[:2]
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-    @property
-    def port(self) -> int:
-        return self.socket.getsockname()[1]
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float) -> HttpServer:
         """Serve; returns once uvicorn accepts connections."""

@@ -14,10 +14,12 @@ import openai
 import pytest
 
 from daemons.model import ByteTokenizer
-from tests.daemons.serving.helpers import Reference, metric, request, wait_until
+from tests.daemons.serving.helpers import Reference, metric, request, sse_events, wait_until
 
 TOKENIZER = ByteTokenizer()
 MODEL = "mooncake-random"
+COMPLETED = {"name": "mooncake_requests_total", "outcome": "completed"}
+FAILED = {"name": "mooncake_requests_total", "outcome": "failed"}
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +96,17 @@ def test_generation_ends_before_the_first_stop_string(pd_cluster, client, refere
     # Two characters the model writes a third of the way in (not U+FFFD, what a stray byte decodes to).
     stop = next(full[i:i + 2] for i in range(len(full) // 3, len(full) - 1) if "\ufffd" not in full[i:i + 2])
     before = full[:full.find(stop)]
+    # Requests of earlier tests may still be in flight (orphans of a killed worker, until their deadline).
+    inflight, completed = metric(url, "mooncake_inflight_requests"), metric(url, **COMPLETED)
     answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, stop=[stop, "never written"],
                                        stream=stream)
     choices = [c.choices[0] for c in answer] if stream else answer.choices
     assert "".join(c.text for c in choices) == before and choices[-1].finish_reason == "stop"
     generated = len(choices) if stream else answer.usage.completion_tokens
     assert generated < len(reference.tokens(TOKENIZER.encode(prompt), 24))  # it stopped generating there
-    # The request ended as completed, and the decode worker was told to let it go.
-    wait_until(lambda: metric(url, "mooncake_inflight_requests") == 0)
+    # The request ended as completed, and the conductor let it go.
+    wait_until(lambda: metric(url, **COMPLETED) == completed + 1)
+    wait_until(lambda: metric(url, "mooncake_inflight_requests") <= inflight)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -129,3 +134,14 @@ def test_an_unknown_field_and_bad_json_are_refused_in_openais_error_shape(pd_clu
     assert status == 400 and "Content-Type: application/json" in json.loads(data)["error"]["message"]
     status, _, data = request(url, "GET", "/v1/engines")
     assert status == 404 and json.loads(data)["error"]["message"] == "no route GET /v1/engines"
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_its_request(pd_cluster):
+    _, url, _ = pd_cluster
+    inflight, failed = metric(url, "mooncake_inflight_requests"), metric(url, **FAILED)
+    events = sse_events(url, {"prompt": "Long enough to be cut short", "max_tokens": 3000}, timeout=30)
+    assert next(events)["choices"][0]["token_ids"]
+    events.close()  # the connection with it
+    # Failed (the client left), not completed: it never ran its 3000 tokens out.
+    wait_until(lambda: metric(url, **FAILED) == failed + 1)
+    wait_until(lambda: metric(url, "mooncake_inflight_requests") <= inflight)
