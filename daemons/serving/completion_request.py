@@ -139,7 +139,6 @@ def completion_request(body: CompletionBody, tokenizer: Tokenizer | None, vocab_
 def chat_request(body: ChatBody, tokenizer: Tokenizer | None, default_max_tokens: int) -> CompletionRequest:
     template = _tokenizer(tokenizer, "use /v1/completions with token ids")
     token_ids = template.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages])
-    _needs_text(body, tokenizer)
     return CompletionRequest(token_ids, body.token_limit or default_max_tokens, body.prefix_reuse)
 
 

@@ -164,7 +164,8 @@ class OpenAiApi:
         return JSONResponse({"ok": healthy, "workers": workers}, status_code=200 if healthy else 503)
 
     async def metrics(self) -> Response:
-        return Response(self.service.metrics.exposition(), media_type="text/plain; version=0.0.4")
+        metrics = self.service.metrics
+        return Response(metrics.exposition(), media_type=metrics.content_type)
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -214,6 +215,11 @@ def _event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
                 yield f"data: {json.dumps(chunk)}\n\n"
         except ServingError as exc:
             yield f"data: {json.dumps(_error_body(exc.message, exc.name.lower(), exc.http_status))}\n\n"
+            return
+        except Exception as exc:  # a bug: the client still learns the stream ended in an error
+            log.exception("a stream failed")
+            error = _error_body(f"internal error: {type(exc).__name__}: {exc}", "internal", 500)
+            yield f"data: {json.dumps(error)}\n\n"
             return
         yield "data: [DONE]\n\n"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -63,6 +63,8 @@ class ServingMetrics:
                                          "Blocks a prefill worker pulled and kept as a new replica.",
                                          registry=self.registry)
         self.registry.register(_LiveGauges(gauges))
+
+    content_type = CONTENT_TYPE_LATEST  # of what exposition() writes
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition of every series."""
