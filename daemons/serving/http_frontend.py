@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -128,8 +128,8 @@ class OpenAiApi:
     # -- routes --------------------------------------------------------------------------------
 
     async def completions(self, body: CompletionBody) -> Response:
-        request = completion_request(body, self.tokenizer, self.vocab_size, self.default_max_tokens)
-        run = self._start(request, body.stop_strings)
+        run = self._start(lambda: completion_request(body, self.tokenizer, self.vocab_size, self.default_max_tokens),
+                          body.stop_strings)
         flight = await run.submit()
         head = {"id": flight.request_id, "object": "text_completion", "model": self.model_id}
         if body.stream:
@@ -138,11 +138,10 @@ class OpenAiApi:
         choice = {"index": 0, "text": "".join(p.text for p in pieces), "token_ids": [p.token for p in pieces],
                   "logprobs": None, "finish_reason": pieces[-1].finish_reason}
         return JSONResponse({**head, "created": int(time.time()), "choices": [choice],
-                             "usage": _usage(request, len(pieces)), "mooncake": self.service.summary(flight)})
+                             "usage": _usage(flight.request, len(pieces)), "mooncake": self.service.summary(flight)})
 
     async def chat_completions(self, body: ChatBody) -> Response:
-        request = chat_request(body, self.tokenizer, self.default_max_tokens)
-        run = self._start(request, body.stop_strings)
+        run = self._start(lambda: chat_request(body, self.tokenizer, self.default_max_tokens), body.stop_strings)
         flight = await run.submit()
         head = {"id": f"chat{flight.request_id}", "object": "chat.completion", "model": self.model_id}
         if body.stream:
@@ -152,7 +151,7 @@ class OpenAiApi:
         choice = {"index": 0, "message": {"role": "assistant", "content": "".join(p.text for p in pieces)},
                   "logprobs": None, "finish_reason": pieces[-1].finish_reason}
         return JSONResponse({**head, "created": int(time.time()), "choices": [choice],
-                             "usage": _usage(request, len(pieces)), "mooncake": self.service.summary(flight)})
+                             "usage": _usage(flight.request, len(pieces)), "mooncake": self.service.summary(flight)})
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
@@ -169,11 +168,11 @@ class OpenAiApi:
 
     # -- streams -------------------------------------------------------------------------------
 
-    def _start(self, request: CompletionRequest, stop: list[str]) -> RequestThread:
+    def _start(self, prepare: Callable[[], CompletionRequest], stop: list[str]) -> RequestThread:
         tokenizer = self.tokenizer
         text = TextStream(tokenizer.detokenizer() if tokenizer else None, stop,
                           tokenizer.stop_token_ids if tokenizer else frozenset())
-        return RequestThread(self.service, request, text)
+        return RequestThread(self.service, prepare, text)
 
     async def _completion_chunks(self, run: RequestThread, flight: Flight, head: dict,
                                  include_usage: bool) -> AsyncIterator[dict]:

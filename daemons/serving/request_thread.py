@@ -2,10 +2,11 @@
 by piece.
 
 The service's request path blocks (RPCs to the workers, waits for their reports: see
-:mod:`daemons.serving.service`), so it never runs on the event loop. A thread per request
-submits it, iterates its tokens through a :class:`TextStream` and hands each outcome to the
-loop (``call_soon_threadsafe``): the flight once scheduled, then pieces, or the exception that
-ended it. The loop side awaits them. A thread per request, not a pool, because each one spends
+:mod:`daemons.serving.service`), so it never runs on the event loop, nor does tokenization (a
+long prompt or a chat template takes a checkpoint's tokenizer milliseconds). A thread per
+request tokenizes and submits it, iterates its tokens through a :class:`TextStream` and hands
+each outcome to the loop (``call_soon_threadsafe``): the flight once scheduled, then pieces, or
+the exception that ended it. The loop side awaits them. A thread per request, not a pool, because each one spends
 its life waiting on its own request: a pool would make request N+1 wait for a free thread.
 
 Whoever stops listening (a client gone, the server stopping) cancels: the thread's wait for its
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from daemons.serving.completion_request import CompletionRequest
@@ -28,8 +29,9 @@ from daemons.serving.text_stream import Piece, TextStream
 
 
 class RequestThread:
-    def __init__(self, service: ServingService, request: CompletionRequest, text: TextStream) -> None:
-        self.service, self.request, self.text = service, request, text
+    def __init__(self, service: ServingService, prepare: Callable[[], CompletionRequest], text: TextStream) -> None:
+        """``prepare`` builds the request (tokenizes it) or raises BadRequest; on the thread."""
+        self.service, self.prepare, self.text = service, prepare, text
         self.loop = asyncio.get_running_loop()
         self.outcomes: asyncio.Queue = asyncio.Queue()
         self.lock = threading.Lock()  # flight and cancelled: set by either side
@@ -41,7 +43,8 @@ class RequestThread:
     # -- the event loop's side -----------------------------------------------------------------
 
     async def submit(self) -> Flight:
-        """Start the thread; the flight once scheduled, or the ServingError that refused it."""
+        """Start the thread; the flight once scheduled (its ``request`` says what was asked), or the
+        ServingError that refused it."""
         self.thread.start()
         try:
             return await self._next()
@@ -81,7 +84,7 @@ class RequestThread:
 
     def _run(self) -> None:
         try:
-            flight = self.service.submit(self.request)
+            flight = self.service.submit(self.prepare())
         except Exception as exc:  # a ServingError (429, 503...), or a bug: the loop side answers it
             self._hand(exc)
             return
