@@ -95,13 +95,18 @@ class ConductorDaemon(Daemon):
         if self.registration is not None:
             self.registration.tick(now)
 
+    def _shutdown(self) -> None:
+        # The front end first: streams in flight may finish (for drain_timeout) while the workers
+        # can still report their tokens, which they do over the RPC server stopped next.
+        if hasattr(self, "http"):
+            self.http.close()
+        super()._shutdown()
+
     def teardown(self) -> None:
         if self.kv_events is not None:
             self.kv_events.close()
         if self.registration is not None:
             self.registration.close()
-        if hasattr(self, "http"):
-            self.http.close()
 
     def _index(self, request: Any) -> dict[str, Any]:
         wanted = request.args.get("blocks", [])
