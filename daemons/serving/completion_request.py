@@ -22,7 +22,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from daemons.model import Tokenizer
+from daemons.model import ChatTemplateError, Tokenizer
 from daemons.serving.errors import BadRequest
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -138,7 +138,10 @@ def completion_request(body: CompletionBody, tokenizer: Tokenizer | None, vocab_
 
 def chat_request(body: ChatBody, tokenizer: Tokenizer | None, default_max_tokens: int) -> CompletionRequest:
     template = _tokenizer(tokenizer, "use /v1/completions with token ids")
-    token_ids = template.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages])
+    try:
+        token_ids = template.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages])
+    except ChatTemplateError as exc:  # no template, or one that refuses these messages
+        raise BadRequest(exc.message) from None
     return CompletionRequest(token_ids, body.token_limit or default_max_tokens, body.prefix_reuse)
 
 

@@ -46,7 +46,9 @@ MAX_INDEX_QUERY = 1024  # block keys one conductor.index call may ask about
 
 
 def vocab_size(config: Any, tokenizer: Tokenizer | None) -> int:
-    if tokenizer is not None:
+    """Token ids a prompt may hold: the model's embedding rows (a checkpoint pads them past its
+    tokenizer's vocabulary, and its greedy output may use any of them)."""
+    if not config.model_dir:
         return tokenizer.vocab_size
     hf = json.loads((Path(config.model_dir) / "config.json").read_text())
     return ModelConfig.from_hf(hf).vocab_size
