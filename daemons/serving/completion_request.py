@@ -53,14 +53,14 @@ class _Generation(_Strict):
     @classmethod
     def _greedy(cls, value: float | None) -> float | None:
         if value not in (None, 0):
-            raise ValueError("only greedy decoding is served: temperature must be 0 or absent")
+            raise ValueError("only greedy decoding is served: it must be 0 or absent")
         return value
 
     @field_validator("n")
     @classmethod
     def _one(cls, value: int | None) -> int | None:
         if value not in (None, 1):
-            raise ValueError("one completion per request is served: n must be 1 or absent")
+            raise ValueError("one completion per request is served: it must be 1 or absent")
         return value
 
     @property
@@ -79,7 +79,7 @@ class CompletionBody(_Generation):
     @classmethod
     def _not_empty(cls, value: str | list[int]) -> str | list[int]:
         if not value:
-            raise ValueError("prompt must not be empty")
+            raise ValueError("must not be empty")
         return value
 
 

@@ -251,10 +251,18 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if unknown:
         return f"unknown field(s): {', '.join(map(str, unknown))}", str(unknown[0])
     field = str(first["loc"][1]) if len(first["loc"]) > 1 else None
-    # A union reports one error per member: say each once.
-    messages = dict.fromkeys(e["ctx"]["error"] if e["type"] == "value_error" else e["msg"]
-                             for e in errors if e["loc"][:2] == first["loc"][:2])
-    return f"{field}: {' or '.join(map(str, messages))}", field
+    # A union reports one error per member (each under the member's tag, "str", "list[int]"...):
+    # say where each one is (messages.0.content) and what it says, once.
+    said = dict.fromkeys(f"{_path(e['loc'])}: {e['ctx']['error'] if e['type'] == 'value_error' else e['msg']}"
+                         for e in errors if e["loc"][:2] == first["loc"][:2])
+    return "; ".join(said), field
+
+
+def _path(loc: tuple) -> str:
+    """``messages.0.content`` of pydantic's ``("body", "messages", 0, "content")``, without the
+    tags a union puts in (they name a type: "str", "list[int]", "constrained-str")."""
+    return ".".join(str(part) for part in loc[1:]
+                    if not (isinstance(part, str) and (part in ("str", "int") or any(c in part for c in "[-"))))
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None,

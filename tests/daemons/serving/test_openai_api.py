@@ -111,7 +111,7 @@ def test_generation_ends_before_the_first_stop_string(pd_cluster, client, refere
 
 @pytest.mark.parametrize("field, value, message", [
     ("temperature", 0.7, "greedy"),
-    ("n", 2, "n must be 1"),
+    ("n", 2, "must be 1"),
     ("stop", "", "at least 1 character"),
 ])
 def test_what_is_not_served_is_refused_with_400(client, field, value, message):
