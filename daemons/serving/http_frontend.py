@@ -6,8 +6,10 @@
     GET  /v1/models            the one model served: the checkpoint directory's name, or
                                "mooncake-random" for the random default model
     GET  /metrics              Prometheus text: TTFT/TBT histograms, hit tokens, rejections, queues
-    GET  /health               200 with worker counts while at least one prefill and one decode
-                               worker serve, else 503
+    GET  /health               200 and "status": "ok" while at least one prefill and one decode
+                               worker serve and the conductor admits requests; else 503 with
+                               "unavailable" (no workers) or "degraded" (the last 10 requests of
+                               the last minute were all rejected)
 
 Answers have OpenAI's shapes (``text_completion``, ``chat.completion`` with ``usage``); with
 ``"stream": true`` they come as server-sent events, one ``text_completion`` chunk per token (or
@@ -158,9 +160,8 @@ class OpenAiApi:
                                             "owned_by": "mooncake"}]}
 
     async def health(self) -> JSONResponse:
-        workers = self.service.worker_counts()
-        healthy = all(workers.values())
-        return JSONResponse({"ok": healthy, "workers": workers}, status_code=200 if healthy else 503)
+        health = self.service.health(time.monotonic())
+        return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
     async def metrics(self) -> Response:
         metrics = self.service.metrics

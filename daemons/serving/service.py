@@ -46,6 +46,7 @@ import time
 import uuid
 from dataclasses import asdict
 from typing import Any
+from collections import deque
 from collections.abc import Generator, Iterator
 
 from daemons.model import KVCacheFull
@@ -68,6 +69,9 @@ from transfer.settings import Config
 
 log = logging.getLogger(__name__)
 
+DEGRADED_AFTER = 10  # requests in a row all rejected: /health says degraded
+DEGRADED_WINDOW_S = 60.0  # ... among those of the last minute
+
 
 class ServingService:
     def __init__(self, config: Config) -> None:
@@ -80,6 +84,7 @@ class ServingService:
         self.flights: dict[str, Flight] = {}
         self.metrics = ServingMetrics(self.gauges)
         self.call_timeout = min(config.rpc_timeout, 2.0)
+        self.admissions: deque[tuple[float, bool]] = deque(maxlen=64)  # (when, accepted) per request
 
     # -- worker reports (RPC handlers) -------------------------------------------------------
 
@@ -189,6 +194,7 @@ class ServingService:
                 decision = self.conductor.schedule(wanted, now)
             except NoInstances as exc:
                 raise NoWorkers(f"no workers to serve the request: {exc.message}") from None
+            self.admissions.append((now, decision.accepted))
             if not decision.accepted:
                 self.metrics.rejections.labels(reason=decision.reason).inc()
                 raise Rejected(f"rejected early ({decision.reason}): predicted TTFT "
@@ -399,6 +405,18 @@ class ServingService:
         for role, count in self.worker_counts().items():
             values[series("mooncake_workers", role=role)] = count
         return values
+
+    def health(self, now: float) -> dict[str, Any]:
+        """``status``: "unavailable" without a prefill and a decode worker; "degraded" when the
+        last ``DEGRADED_AFTER`` requests of the last minute were all rejected (a predictor that
+        rejects everything serves nobody, though every worker answers); else "ok"."""
+        workers = self.worker_counts()
+        with self.lock:
+            recent = [accepted for when, accepted in self.admissions if now - when <= DEGRADED_WINDOW_S]
+        rejecting = len(recent) >= DEGRADED_AFTER and not any(recent[-DEGRADED_AFTER:])
+        status = "unavailable" if not all(workers.values()) else "degraded" if rejecting else "ok"
+        return {"ok": status == "ok", "status": status, "workers": workers,
+                "recent_requests": len(recent), "recent_rejected": recent.count(False)}
 
     def worker_counts(self) -> dict[str, int]:
         """Live workers per role, prefill and decode."""

@@ -59,6 +59,20 @@ def test_a_request_predicted_to_miss_the_ttft_slo_is_rejected_early_with_retry_a
     assert error["reason"] == "reject_ttft" and "predicted TTFT" in error["message"]
     assert metric(url, "mooncake_rejections_total", reason="reject_ttft") == 1
     assert not service.flights and not service.conductor.inflight  # nothing left behind
+    assert json.loads(request(url, "GET", "/health")[2])["status"] == "ok"  # one rejection is policy
+
+
+def test_health_says_degraded_while_the_conductor_rejects_everything(frontend):
+    # Forged decode steps once pinned the TBT model so that every request was rejected for
+    # minutes while /health said ok.
+    url, service = frontend(ttft_slo="1ms")
+    _join(service, "prefill-0", "prefill")
+    _join(service, "decode-0", "decode")
+    for _ in range(10):
+        assert request(url, "POST", "/v1/completions", b'{"prompt": "' + b"x" * 2000 + b'"}')[0] == 429
+    status, _, data = request(url, "GET", "/health")
+    assert status == 503 and json.loads(data)["status"] == "degraded"
+    assert json.loads(data)["recent_rejected"] == 10
 
 
 def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(frontend, monkeypatch):
