@@ -121,10 +121,17 @@ class KVCache:
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, D] of tokens at absolute ``positions`` of one sequence."""
         size = self.layout.block_size
-        blocks = torch.tensor(block_table, dtype=torch.long)[positions // size]
-        slots = positions % size
-        self.tensor[blocks, layer, 0, slots] = k
-        self.tensor[blocks, layer, 1, slots] = v
+        pages = torch.tensor(block_table, dtype=torch.long)[positions // size]
+        self.write_slots(layer, pages, positions % size, k, v)
+
+    def write_slots(self, layer: int, pages: torch.Tensor, slots: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, D] of T tokens, token i at slot ``slots[i]`` of page ``pages[i]``.
+
+        One indexed assignment whatever sequences the tokens belong to: a decode step writes the
+        new token of every sequence in the batch with one call.
+        """
+        self.tensor[pages, layer, :, slots] = torch.stack((k, v), dim=1)
 
     def gather(self, layer: int, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [num_tokens, kv_heads, D] of positions 0..num_tokens-1 of one sequence."""
@@ -133,3 +140,18 @@ class KVCache:
         pages = self.tensor[used, layer]  # [blocks, 2, block_size, kv_heads, D]
         shape = (-1, self.layout.num_kv_heads, self.layout.head_dim)
         return pages[:, 0].reshape(shape)[:num_tokens], pages[:, 1].reshape(shape)[:num_tokens]
+
+    def gather_pages(self, layer: int, block_tables: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy the keys and values of the pages ``block_tables`` [B, P] lists for B sequences into
+        ``keys`` and ``values`` [B, P * block_size, kv_heads, D] (contiguous), position by
+        position: row b gets sequence b's positions 0..P*block_size-1, whatever its pages hold
+        past its own length.
+
+        One ``index_select`` for the keys and one for the values, for the whole batch, into
+        memory the caller keeps from step to step: a fresh tensor of a few MiB every layer would
+        be new pages from the kernel, and faulting them in costs more than the copy.
+        """
+        pages = block_tables.reshape(-1)
+        for kind, out in ((0, keys), (1, values)):
+            source = self.tensor[:, layer, kind].flatten(1)  # [num_blocks, one page's K or V]
+            torch.index_select(source, 0, pages, out=out.view(pages.shape[0], -1))
