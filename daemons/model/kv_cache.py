@@ -93,6 +93,10 @@ class KVCache:
             raw = torch.from_numpy(buffer.reshape(-1)[:layout.nbytes])
             self.tensor = raw.view(layout.dtype).view(layout.shape)
         self._bytes = self.tensor.view(-1).view(torch.uint8).numpy()
+        # Per layer, the keys and the values of every page as rows [num_blocks, block_size *
+        # kv_heads * head_dim]: views made once, what a decode step gathers pages from.
+        self._page_rows = [(self.tensor[:, layer, 0].flatten(1), self.tensor[:, layer, 1].flatten(1))
+                           for layer in range(layout.num_layers)]
 
     def numpy(self) -> np.ndarray:
         """The whole cache as a flat writable uint8 array sharing its memory (to register once)."""
@@ -152,6 +156,6 @@ class KVCache:
         be new pages from the kernel, and faulting them in costs more than the copy.
         """
         pages = block_tables.reshape(-1)
-        for kind, out in ((0, keys), (1, values)):
-            source = self.tensor[:, layer, kind].flatten(1)  # [num_blocks, one page's K or V]
-            torch.index_select(source, 0, pages, out=out.view(pages.shape[0], -1))
+        key_rows, value_rows = self._page_rows[layer]
+        torch.index_select(key_rows, 0, pages, out=keys.view(pages.shape[0], -1))
+        torch.index_select(value_rows, 0, pages, out=values.view(pages.shape[0], -1))
