@@ -1,0 +1,153 @@
+"""Decode tokens/s of our paged, batched decode beside transformers' generate on the same weights.
+
+    python -m tests.bench.decode_vs_transformers                 # batches 1, 8, 32; a table
+    python -m tests.bench.decode_vs_transformers --batch 8 --json
+
+Both sides get the same random model (``ModelConfig.tiny()`` unless told otherwise), exported with
+``save_checkpoint`` and loaded by ``LlamaForCausalLM.from_pretrained``, the same prompts (one per
+sequence, all ``--prompt-tokens`` long, so transformers needs no padding), the same number of torch
+threads, greedy decoding and no end-of-sequence stop, so each side generates exactly
+``--new-tokens`` per sequence. Only decoding is timed: the first new token comes out of prefill, so
+a run's decode rate is ``batch * (new_tokens - 1)`` tokens over the time after prefill. For
+transformers that time is a whole ``generate`` minus a ``generate`` of one token (prefill and
+set-up); for us, the decode steps after ``ModelRunner.prefill``. Each figure is the best of
+``--repeats`` runs. The generated tokens of both sides are compared, so a fast wrong answer shows.
+
+transformers is a test-only dependency, which is why this lives under tests/ (pytest does not
+collect it; tests/daemons/model/test_decode_benchmark.py runs it at a tiny size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import LlamaForCausalLM
+
+from daemons.model import (BlockManager, KVCache, KVCacheLayout, LlamaModel, ModelConfig, ModelRunner, Sequence,
+                           random_model, save_checkpoint)
+
+BLOCK_SIZE = 16
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    ours_tokens_per_s: float
+    transformers_tokens_per_s: float
+    tokens_equal: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tokens_per_s / self.transformers_tokens_per_s
+
+
+def prompts(batch: int, length: int, config: ModelConfig) -> list[list[int]]:
+    """BOS and random token ids below EOS, one reproducible prompt per sequence."""
+    rng = random.Random(batch)
+    return [[config.bos_token_id] + [rng.randrange(config.bos_token_id) for _ in range(length - 1)]
+            for _ in range(batch)]
+
+
+def ours(model: LlamaModel, batch_prompts: list[list[int]], new_tokens: int,
+         clock: Clock) -> tuple[float, list[list[int]]]:
+    """(seconds of the decode steps, generated tokens per sequence) of prefill then decode through
+    ModelRunner over a paged KV cache: what a decode worker's batcher runs each step, a page for
+    each new token included, without the end-of-sequence check."""
+    lengths = [len(p) + new_tokens for p in batch_prompts]
+    num_blocks = sum(-(-n // BLOCK_SIZE) for n in lengths)
+    runner = ModelRunner(model, KVCache(KVCacheLayout.for_model(model.config, BLOCK_SIZE, num_blocks)))
+    pages = BlockManager(num_blocks, BLOCK_SIZE)
+    seqs = [Sequence.from_prompt(i, p, new_tokens) for i, p in enumerate(batch_prompts)]
+    for seq in seqs:
+        pages.allocate(seq)
+        seq.token_ids.append(int(runner.prefill(seq).argmax()))
+    began = clock()
+    for _ in range(new_tokens - 1):
+        for seq in seqs:
+            pages.allocate(seq)
+        for seq, token in zip(seqs, runner.decode(seqs).argmax(dim=-1).tolist()):
+            seq.token_ids.append(token)
+    return clock() - began, [seq.generated for seq in seqs]
+
+
+def theirs(model: LlamaForCausalLM, batch_prompts: list[list[int]], new_tokens: int,
+           clock: Clock) -> tuple[float, list[list[int]]]:
+    """(seconds of decoding, generated tokens per sequence) of transformers' greedy generate."""
+    input_ids = torch.tensor(batch_prompts)
+
+    def generate(max_new_tokens: int) -> tuple[float, torch.Tensor]:
+        began = clock()
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=max_new_tokens)
+        return clock() - began, out
+
+    prefill_s, _ = generate(1)
+    total_s, out = generate(new_tokens)
+    return total_s - prefill_s, out[:, input_ids.shape[1]:].tolist()
+
+
+def measure(config: ModelConfig, batches: list[int], prompt_tokens: int, new_tokens: int,
+            repeats: int, clock: Clock) -> list[Row]:
+    model = random_model(config, seed=0)
+    with tempfile.TemporaryDirectory() as directory:
+        save_checkpoint(model, directory)
+        reference = LlamaForCausalLM.from_pretrained(directory, dtype=config.torch_dtype).eval()
+    # No stop token on either side: every sequence decodes exactly new_tokens.
+    reference.generation_config.eos_token_id = None
+    reference.generation_config.pad_token_id = config.eos_token_id
+    rows = []
+    for batch in batches:
+        batch_prompts = prompts(batch, prompt_tokens, config)
+        ours(model, batch_prompts, 2, clock)  # warm both up: first calls allocate and pick kernels
+        theirs(reference, batch_prompts, 2, clock)
+        ours_runs, their_runs = [], []
+        for _ in range(repeats):  # alternating, so that both sides see the same background load
+            ours_runs.append(ours(model, batch_prompts, new_tokens, clock))
+            their_runs.append(theirs(reference, batch_prompts, new_tokens, clock))
+        decoded = batch * (new_tokens - 1)
+        rows.append(Row(batch, decoded / min(s for s, _ in ours_runs), decoded / min(s for s, _ in their_runs),
+                        all(tokens == their_runs[0][1] for _, tokens in ours_runs + their_runs)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64, help="at least 2: the first comes from prefill")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, for both sides")
+    parser.add_argument("--layers", type=int, default=ModelConfig.tiny().num_layers)
+    parser.add_argument("--cpu-time", action="store_true", help="time by process CPU time, not wall-clock")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 2 or args.prompt_tokens < 1:
+        parser.error("--new-tokens must be at least 2 and --prompt-tokens at least 1")
+    torch.set_num_threads(args.threads)
+    # CPU time of this process is steadier than wall-clock on a machine other jobs share; with one
+    # torch thread the two agree on an idle machine.
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    rows = measure(ModelConfig.tiny(layers=args.layers), args.batch, args.prompt_tokens, args.new_tokens,
+                   args.repeats, clock)
+    if args.json:
+        print(json.dumps([{**asdict(row), "ratio": row.ratio} for row in rows]))
+    else:
+        print(f"decode tokens/s, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
+              f"{args.threads} thread(s), best of {args.repeats}, {'CPU' if args.cpu_time else 'wall-clock'} time")
+        print(f"{'batch':>5} {'ours':>10} {'transformers':>13} {'ratio':>6}  tokens equal")
+        for row in rows:
+            print(f"{row.batch:>5} {row.ours_tokens_per_s:>10.0f} {row.transformers_tokens_per_s:>13.0f} "
+                  f"{row.ratio:>6.2f}  {'yes' if row.tokens_equal else 'NO'}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
