@@ -64,7 +64,8 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         # Decode gathers each layer's keys and values here: kept from step to step (and grown
         # when a step needs more), since a fresh multi-MiB tensor per layer would spend more on
-        # faulting in new pages than on the copy. Holds the largest batch x context seen so far.
+        # faulting in new pages than on the copy. Holds the largest batch x context seen so far,
+        # and makes decode one caller at a time (a decode worker's one loop thread).
         self._gathered = torch.empty(0, dtype=kv_cache.layout.dtype)
 
     @torch.no_grad()
