@@ -143,9 +143,9 @@ class _DecodeStep:
     def of(cls, seqs: list[Sequence], block_size: int, dtype: torch.dtype) -> _DecodeStep:
         lengths = [len(seq) for seq in seqs]
         num_pages = -(-max(lengths) // block_size)
-        # A block table may list pages reserved beyond the context; padding pages are never seen.
-        tables = [seq.block_table[:num_pages] + [0] * (num_pages - len(seq.block_table[:num_pages]))
-                  for seq in seqs]
+        # Pages reserved beyond the longest context are left out; a shorter table is padded with
+        # page 0, whose contents attention then zeroes and masks like any position past a length.
+        tables = [table + [0] * (num_pages - len(table)) for table in (seq.block_table[:num_pages] for seq in seqs)]
         positions = torch.tensor(lengths) - 1
         return cls(
             positions=positions,
