@@ -6,8 +6,8 @@ import torch
 from daemons.model import KVCacheLayout, ModelConfig, random_model
 from daemons.serving.messages import WorkerCalibration
 from daemons.workers.calibration import MIN_SHAPES, calibrate, fit_decode, fit_prefill, kv_bytes_per_token, \
-from transfer.errors import InvalidArgument
     profile_decode, profile_prefill
+from transfer.errors import InvalidArgument
 
 
 @pytest.fixture(scope="module")
