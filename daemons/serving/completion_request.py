@@ -18,9 +18,9 @@ is an error rather than silently ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from daemons.model import ChatTemplateError, Tokenizer
 from daemons.serving.errors import BadRequest
@@ -32,6 +32,29 @@ StopString = Annotated[str, Field(min_length=1)]
 class _Strict(BaseModel):
     # strict: no "5" for 5 nor true for 1; forbid: an unknown field is an error.
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        # JSON may escape a lone surrogate ("\ud800"): Python keeps it in the str, and it then
+        # fails, as a 500, wherever the text is encoded (the tokenizer). It is not Unicode text.
+        if _has_lone_surrogate(data):
+            raise ValueError("a string holds a lone UTF-16 surrogate (such as \\ud800): not valid Unicode")
+        return data
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 class StreamOptions(_Strict):

@@ -80,7 +80,8 @@ class ConductorDaemon(Daemon):
             log.warning("no master to follow: the cache index stays empty")
         tokenizer = build_tokenizer(self.config)
         app = build_app(self.service, tokenizer, vocab_size(self.config, tokenizer), served_model_id(self.config),
-                        self.config.http_max_body, self.config.default_max_tokens)
+                        self.config.http_max_body, self.config.default_max_tokens,
+                        read_timeout=self.config.http_read_timeout)
         self.http = HttpServer(app, self.config.bind_host, self.config.http_port,
                                self.config.drain_timeout).start(self.config.start_timeout)
         if self.config.master:

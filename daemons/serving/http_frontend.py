@@ -28,6 +28,7 @@ as a last event ``data: {"error": ...}``, without ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from daemons.model import Tokenizer
 from daemons.serving.completion_request import (ChatBody, CompletionBody, CompletionRequest, chat_request,
@@ -57,7 +58,7 @@ RANDOM_MODEL_ID = "mooncake-random"
 
 
 def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: int, model_id: str,
-              max_body: int, default_max_tokens: int) -> ASGIApp:
+              max_body: int, default_max_tokens: int, *, read_timeout: float) -> ASGIApp:
     """The ASGI application; :class:`daemons.serving.http_server.HttpServer` serves it."""
     # No /docs pages: they load their scripts from a CDN. The OpenAPI schema stays at /openapi.json.
     app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None, max_body_size=max_body)
@@ -95,7 +96,45 @@ def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: 
         # Logged by uvicorn with its traceback; the client still gets an answer it can read.
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
 
-    return _RefuseDeclaredOversize(app, max_body)
+    return _RefuseDeclaredOversize(_BodyReadTimeout(app, read_timeout), max_body)
+
+
+class _BodyReadTimeout:
+    """Each read of the request body waits at most ``timeout``: uvicorn has no read timeout of its
+    own, so a client that sends a Content-Length and then trickles (or nothing) held a connection
+    and its task for as long as it liked. Past it the app is told the client left (so it gives
+    up on the body) and the client gets 408, and the connection is closed."""
+
+    def __init__(self, app: ASGIApp, timeout: float) -> None:
+        self.app, self.timeout = app, timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = timed_out = False
+
+        async def timed_receive() -> Message:
+            # Only while the body comes: afterwards a stream awaits receive() for the client's
+            # disconnect, which may rightly take as long as the answer does.
+            nonlocal body_done, timed_out
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except TimeoutError:
+                body_done = timed_out = True
+                await error_response(408, f"no part of the body came for {self.timeout:g}s (http_read_timeout)",
+                                     "request_timeout", headers={"Connection": "close"})(scope, receive, send)
+                return {"type": "http.disconnect"}
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def send_unless_answered(message: Message) -> None:
+            if not timed_out:  # the app's answer to a body it never got: the 408 went instead
+                await send(message)
+
+        await self.app(scope, timed_receive, send_unless_answered)
 
 
 class _RefuseDeclaredOversize:

@@ -19,6 +19,8 @@ SERVING_ENV = {
     "MOONCAKE_PREFILL_WORKERS": "2", "MOONCAKE_DECODE_WORKERS": "2", "MOONCAKE_KV_BLOCK_TOKENS": "32",
     "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB", "MOONCAKE_WORKER_TIMEOUT": "1s",
     "MOONCAKE_REQUEST_TIMEOUT": "30s", "MOONCAKE_HTTP_MAX_BODY": "64KiB",
+    # Shorter than many streams here: the body read timeout must not cut a stream's answer.
+    "MOONCAKE_HTTP_READ_TIMEOUT": "1s",
     # Each worker imports torch and builds its model before it answers: on a loaded 2-core
     # machine a prefill group's stages took longer than the 20 s default to come up.
     "MOONCAKE_START_TIMEOUT": "90s",
