@@ -32,6 +32,7 @@ from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
 from store.events.publisher import KvEventPublisher
 from store.master_service import StoreService
+from transfer.auth import cluster_secret
 from transfer.metadata.http_backend import HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
 from transfer.settings import Config
@@ -93,7 +94,9 @@ def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: 
     paths.workdir.mkdir(parents=True, exist_ok=True)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     try:
-        metadata = HttpMetadataServer(*http, max_entries=config.metadata_max_entries) if http else None
+        secret = cluster_secret(config)
+        metadata = HttpMetadataServer(*http, max_entries=config.metadata_max_entries,
+                                      token=secret.http_token if secret else None) if http else None
     except OSError as exc:
         raise MetadataServerUnavailable(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}") from None
 

@@ -1,0 +1,104 @@
+"""The cluster secret, and the credentials every plane derives from it.
+
+One random secret per cluster (``mooncake up`` writes it to ``<workdir>/secret``, mode 0600):
+
+- the ZeroMQ control plane: one CURVE keypair derived from it; daemons are CURVE servers that
+  admit only clients presenting that same public key (a ZAP handler checks it), so a client
+  without the secret fails the handshake;
+- unix:// control sockets and the TCP data plane: the server sends a random nonce, the client
+  answers HMAC-SHA256(secret, purpose + nonce); a fresh nonce per connection means an answer
+  overheard once is worth nothing later;
+- the HTTP metadata server: a bearer token derived from the secret (never the secret itself, so
+  a token seen in a proxy log does not open the other planes).
+
+Each use derives its own key with a label, so a proof made for one plane never passes for
+another. The secret itself is never logged or printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+import zmq
+from zmq.utils import z85
+
+from transfer.errors import SettingError
+
+SECRET_FILE = "secret"  # in the workdir, beside cluster.json
+NONCE_BYTES = 16
+MIN_SECRET_CHARS = 16
+RPC_PURPOSE = b"mooncake-rpc"
+TCP_DATA_PURPOSE = b"mooncake-tcp-data"
+
+
+class ClusterSecret:
+    def __init__(self, value: str) -> None:
+        value = value.strip()
+        if len(value) < MIN_SECRET_CHARS:
+            raise SettingError("cluster_secret", "(hidden)", f"a secret of at least {MIN_SECRET_CHARS} characters")
+        self._key = value.encode()
+        curve_secret = z85.encode(self._derive(b"mooncake-curve-keypair"))
+        self.curve_secret_key: bytes = curve_secret
+        self.curve_public_key: bytes = zmq.curve_public(curve_secret)
+
+    def __repr__(self) -> str:
+        return "ClusterSecret(<hidden>)"
+
+    def _derive(self, label: bytes) -> bytes:
+        return hmac.new(self._key, label, hashlib.sha256).digest()
+
+    def proof(self, purpose: bytes, nonce: bytes) -> bytes:
+        """What a client answers to the server's ``nonce`` on a connection for ``purpose``."""
+        return hmac.new(self._key, purpose + nonce, hashlib.sha256).digest()
+
+    def verify(self, purpose: bytes, nonce: bytes, proof: object) -> bool:
+        return isinstance(proof, bytes) and hmac.compare_digest(self.proof(purpose, nonce), proof)
+
+    @property
+    def http_token(self) -> str:
+        return self._derive(b"mooncake-http-metadata-token").hex()
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def secret_file(workdir: str | os.PathLike) -> Path:
+    return Path(workdir).expanduser() / SECRET_FILE
+
+
+def read_secret_file(path: str | os.PathLike) -> ClusterSecret:
+    try:
+        return ClusterSecret(Path(path).read_text())
+    except OSError as exc:
+        raise SettingError("cluster_secret_file", str(path), f"a readable file ({exc.strerror})") from None
+
+
+def cluster_secret(config) -> ClusterSecret | None:
+    """The secret the settings name: ``cluster_secret`` (the value; MOONCAKE_CLUSTER_SECRET),
+    else the file ``cluster_secret_file``, else ``<workdir>/secret`` when it exists. None: no
+    secret anywhere, so authentication is off (a cluster `up` never started)."""
+    if config.cluster_secret:
+        return ClusterSecret(config.cluster_secret)
+    if config.cluster_secret_file:
+        return read_secret_file(config.cluster_secret_file)
+    default = secret_file(config.workdir)
+    return read_secret_file(default) if default.exists() else None
+
+
+def create_secret_file(workdir: str | os.PathLike) -> Path:
+    """Write a new random secret to ``<workdir>/secret`` (0600, created so: never readable by
+    others, not even for a moment), unless one is there already: clients and consumers given
+    the secret keep working across `down` and `up`."""
+    path = secret_file(workdir)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(32) + "\n")
+    return path
