@@ -27,7 +27,7 @@ from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, WorkdirUnus
 from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap,
                               replace_cluster_row, spawn, wait_healthy, write_cluster_record, write_pidfile)
 from daemons.roles import DaemonSpec, cluster_plan
-from transfer.auth import ClusterSecret, cluster_secret, create_secret_file
+from transfer.auth import ClusterSecret, cluster_secret, create_secret_file, keep_secret_file
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import Config
@@ -101,6 +101,7 @@ def up(config: Config) -> dict[str, Any]:
     _remove_shared_memory(stale.get("cluster_id"))
     _clear_records(paths)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    keep_secret_file(config)
     if cluster_secret(config) is None:
         # Every cluster `up` starts is authenticated: without a secret given, one of its own,
         # which every daemon, CLI command and library client of this workdir reads.

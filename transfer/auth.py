@@ -17,14 +17,12 @@ another. The secret itself is never logged or printed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
 import secrets
 from pathlib import Path
-
-import zmq
-from zmq.utils import z85
 
 from transfer.errors import SettingError
 
@@ -40,13 +38,25 @@ class ClusterSecret:
         value = value.strip()
         if len(value) < MIN_SECRET_CHARS:
             raise SettingError("cluster_secret", "(hidden)", f"a secret of at least {MIN_SECRET_CHARS} characters")
+        self.value = value  # only for writing it to its file: never logged nor printed
         self._key = value.encode()
-        curve_secret = z85.encode(self._derive(b"mooncake-curve-keypair"))
-        self.curve_secret_key: bytes = curve_secret
-        self.curve_public_key: bytes = zmq.curve_public(curve_secret)
 
     def __repr__(self) -> str:
         return "ClusterSecret(<hidden>)"
+
+    @functools.cached_property
+    def curve_secret_key(self) -> bytes:
+        """The CURVE secret key (z85) of the cluster's one keypair, which servers and clients
+        share: holding it is what admits a client."""
+        from zmq.utils import z85  # here: the CLI resolves secrets without loading ZeroMQ
+
+        return z85.encode(self._derive(b"mooncake-curve-keypair"))
+
+    @functools.cached_property
+    def curve_public_key(self) -> bytes:
+        import zmq
+
+        return zmq.curve_public(self.curve_secret_key)
 
     def _derive(self, label: bytes) -> bytes:
         return hmac.new(self._key, label, hashlib.sha256).digest()
@@ -91,14 +101,30 @@ def cluster_secret(config) -> ClusterSecret | None:
 
 
 def create_secret_file(workdir: str | os.PathLike) -> Path:
-    """Write a new random secret to ``<workdir>/secret`` (0600, created so: never readable by
-    others, not even for a moment), unless one is there already: clients and consumers given
-    the secret keep working across `down` and `up`."""
+    """Write a new random secret to ``<workdir>/secret`` unless one is there already: clients
+    and consumers given the secret keep working across `down` and `up`."""
     path = secret_file(workdir)
+    _write_new(path, secrets.token_urlsafe(32))
+    return path
+
+
+def keep_secret_file(config) -> None:
+    """Record a secret the settings give (the environment or another file) as
+    ``<workdir>/secret`` when the workdir has none, so later commands on this host (status, put,
+    bench) find it without the environment. One already there is left alone: the given secret
+    still wins for whoever is given it."""
+    if config.cluster_secret:
+        _write_new(secret_file(config.workdir), ClusterSecret(config.cluster_secret).value)
+    elif config.cluster_secret_file:
+        _write_new(secret_file(config.workdir), read_secret_file(config.cluster_secret_file).value)
+
+
+def _write_new(path: Path, value: str) -> None:
+    """Create ``path`` holding ``value``, 0600 from the start (never readable by others, not even
+    for a moment); nothing when it exists."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return path
+        return
     with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_urlsafe(32) + "\n")
-    return path
+        handle.write(value + "\n")

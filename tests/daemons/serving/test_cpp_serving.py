@@ -88,7 +88,7 @@ def test_a_prompt_served_twice_is_a_local_hit_from_the_groups_own_segment(cluste
     keys = prefix_block_keys(tokens, BLOCK)
     wanted = [format_key(k) for k in keys]
     # The index names the group (not the pool) because its heartbeat announces its segment.
-    with RpcClient(conductor) as client:
+    with RpcClient(conductor, secret=runner.secret) as client:
         wait_for_holders(client, wanted, [group])
     answer = complete(url, prompt=tokens, max_tokens=6)
     summary = answer["mooncake"]
@@ -123,7 +123,7 @@ def test_a_prefix_pulled_from_the_pool_gets_a_replica_in_the_groups_segment(clus
             for layer in range(layers):
                 store.put(object_key(key, layer), kv.export_block(block, layer), preferred_segments=(pool,),
                           replicas=1)
-        with RpcClient(conductor) as client:
+        with RpcClient(conductor, secret=runner.secret) as client:
             wait_for_holders(client, wanted, [POOL])
         second = shared + prompt(20, seed=401)[1:]
         answer = complete(url, prompt=second, max_tokens=6)
