@@ -53,7 +53,7 @@ class MasterDaemon(Daemon):
             host = ""  # bound on every interface and none named: say what was bound
         # One publisher for the process: a leader's fresh state (HA) publishes on the same socket.
         self.kv_events = KvEventPublisher(self.config.bind_host, self.config.kv_events_port,
-                                          self.config.kv_events_replay_port, host)
+                                          self.config.kv_events_replay_port, host, self.secret)
         if self.config.ha_backend == "etcd":
             self.election = start_election(self, self._install_state)
         else:

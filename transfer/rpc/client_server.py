@@ -646,11 +646,6 @@ class RpcClient:
             except Exception:
                 log.warning("dropping unreadable reply from %s", self.address)
                 continue
-            if request_id is None and not header.get("ok"):
-                # The server could not tie the error to a request (it refused our proof, or our
-                # framing): it concerns every call in flight, and the connection closes next.
-                self._lose_waiting(error_from_wire(header.get("error")))
-                continue
             if request_id not in self._waiting:
                 continue  # a late reply to a call that already timed out
             if header.get("ok"):

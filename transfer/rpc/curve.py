@@ -52,9 +52,10 @@ def _domain(secret: ClusterSecret) -> str:
     return "mooncake-" + secret.curve_public_key.decode()
 
 
-def make_server(sock: zmq.Socket, context: zmq.Context, secret: ClusterSecret) -> zmq.Socket:
+def make_server(sock: zmq.Socket, context: zmq.Context, secret: ClusterSecret,
+                monitor: bool = True) -> zmq.Socket | None:
     """Make ``sock`` (before it binds) a CURVE server admitting only the cluster's key; returns
-    the monitor socket its handshake failures arrive on (see :class:`RefusalLog`)."""
+    the monitor socket its handshake failures arrive on (see :class:`RefusalLog`) if asked."""
     with _lock:
         if context not in _authenticators:
             authenticator = ThreadAuthenticator(context, log=logging.getLogger("transfer.rpc.zap"))
@@ -68,7 +69,7 @@ def make_server(sock: zmq.Socket, context: zmq.Context, secret: ClusterSecret) -
     sock.zap_domain = domain.encode()
     sock.curve_server = True
     sock.curve_secretkey = secret.curve_secret_key
-    return sock.get_monitor_socket(HANDSHAKE_FAILURES)
+    return sock.get_monitor_socket(HANDSHAKE_FAILURES) if monitor else None
 
 
 def make_client(sock: zmq.Socket, secret: ClusterSecret) -> None:

@@ -14,8 +14,9 @@ trusted to find the next message.
 Each connection opens with a challenge, once, off the per-request path: the server's first
 message is msgpack ``{"auth": "hmac-sha256", "nonce": 16 random bytes}`` (``{"auth": nil}`` when
 it has no cluster secret), and a client answers with ``{"proof": HMAC-SHA256(secret,
-"mooncake-rpc" + nonce)}`` as its first message, followed at once by its requests. A wrong or
-missing proof gets an AUTHENTICATION_FAILED error (id nil) and the connection is closed. The
+"mooncake-rpc" + nonce)}`` as its first message. A wrong or
+missing proof gets an AUTHENTICATION_FAILED error (id nil) and the connection is closed; a right
+one ``{"auth": "ok"}``, which the client awaits before its first request. The
 socket file is 0600 in the 0700 run directory besides, so other users cannot even connect.
 """
 
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 import msgpack
 
 from transfer.auth import RPC_PURPOSE, ClusterSecret, new_nonce
-from transfer.errors import AuthenticationFailed, MalformedMessage, RpcError, RpcTimeout
+from transfer.errors import AuthenticationFailed, MalformedMessage, RpcError, RpcTimeout, error_from_wire
 
 SCHEME = "unix://"
 
@@ -287,6 +288,7 @@ class ServerConnection:
         if not self._secret.verify(RPC_PURPOSE, self._nonce, answer["proof"]):
             return "the client's proof does not match the cluster secret (a wrong secret)"
         self.authenticated = True
+        self.send([msgpack.packb({"auth": "ok"})])
         return None
 
     @property
@@ -387,27 +389,9 @@ class ClientChannel:
                 raise RpcError(f"{op}: cannot reach {self.address}: {exc.strerror or exc}") from None
 
     def _answer_challenge(self, sock: socket.socket, reader: MessageReader, op: str, deadline: float) -> None:
-        """Read the server's challenge and send our proof (the requests follow it unawaited)."""
-        messages: list = []
-        try:
-            while not messages:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RpcTimeout(f"{op}: {self.address} sent no greeting within the deadline")
-                sock.settimeout(remaining)
-                data = sock.recv(CHUNK)
-                if not data:
-                    raise ConnectionLost(f"{op}: {self.address} closed the connection at once")
-                messages = reader.feed(data)
-            challenge = msgpack.unpackb(messages[0][0], raw=False) if isinstance(messages[0], list) else None
-        except TimeoutError:
-            raise RpcTimeout(f"{op}: {self.address} sent no greeting within the deadline") from None
-        except OSError as exc:
-            raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
-        except (ValueError, msgpack.UnpackException):
-            challenge = None
-        if not isinstance(challenge, dict) or len(messages) != 1:
-            raise MalformedMessage(f"{op}: {self.address} did not greet with a challenge")
+        """Read the server's challenge, send our proof and wait for the verdict: a refusal then
+        reaches us as the server's error, not as a broken pipe under our first request."""
+        challenge = self._read_greeting(sock, reader, op, deadline)
         if not challenge.get("auth"):
             return
         if self.secret is None:
@@ -421,6 +405,36 @@ class ClientChannel:
             sock.sendall(encode([msgpack.packb({"proof": self.secret.proof(RPC_PURPOSE, nonce)})])[0])
         except OSError as exc:
             raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
+        verdict = self._read_greeting(sock, reader, op, deadline)
+        if verdict.get("auth") == "ok":
+            return
+        if verdict.get("ok") is False:
+            raise error_from_wire(verdict.get("error"))
+        raise MalformedMessage(f"{op}: {self.address} answered our proof with neither yes nor no")
+
+    def _read_greeting(self, sock: socket.socket, reader: MessageReader, op: str, deadline: float) -> dict:
+        """One handshake message (a msgpack map), read within the deadline."""
+        messages: list = []
+        try:
+            while not messages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(CHUNK)
+                if not data:
+                    raise ConnectionLost(f"{op}: {self.address} closed the connection during the handshake")
+                messages = reader.feed(data)
+            message = msgpack.unpackb(messages[0][0], raw=False) if isinstance(messages[0], list) else None
+        except TimeoutError:
+            raise RpcTimeout(f"{op}: {self.address} did not complete the handshake within the deadline") from None
+        except OSError as exc:
+            raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
+        except (ValueError, msgpack.UnpackException):
+            message = None
+        if not isinstance(message, dict) or len(messages) != 1:
+            raise MalformedMessage(f"{op}: {self.address} broke the handshake")
+        return message
 
     def send(self, op: str, frames: Sequence[Buffer], deadline: float) -> None:
         sock = self._connected(op, deadline)
