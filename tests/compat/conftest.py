@@ -3,7 +3,6 @@ main project, so these tests import it from compat/ by path."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 
@@ -18,12 +17,16 @@ from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
 @pytest.fixture(scope="session")
 def secret_env() -> dict[str, str]:
-    """The clusters of these tests share one secret, given to their daemons and to this process
-    (whose drop-in resolves it) through the environment, as a consumer's deployment would."""
-    env = {"MOONCAKE_CLUSTER_SECRET": secrets.token_urlsafe(32)}
-    os.environ.update(env)
-    yield env
-    del os.environ["MOONCAKE_CLUSTER_SECRET"]
+    """The clusters of these tests share one secret, given to their daemons and to each test's
+    drop-in calls through the environment, as a consumer's deployment would."""
+    return {"MOONCAKE_CLUSTER_SECRET": secrets.token_urlsafe(32)}
+
+
+@pytest.fixture(autouse=True)
+def secret_in_environment(secret_env, monkeypatch):
+    """Set for each test and taken away after it, so no test outside tests/compat sees it."""
+    for name, value in secret_env.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="session")
