@@ -103,7 +103,7 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(pd_c
     # when prefill workers announce one in their heartbeat, else the shared pool.
     runner_info = pd_cluster[2]
     address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
-    with RpcClient(address, secret=cluster[0].secret) as conductor:
+    with RpcClient(address, secret=pd_cluster[0].secret) as conductor:
         source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
     assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
