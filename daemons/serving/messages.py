@@ -26,7 +26,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 import pydantic
@@ -37,6 +37,7 @@ T = TypeVar("T")
 WORKER_ROLES = ("prefill", "decode")
 WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADDRESS = re.compile(r"(tcp|unix|ipc)://\S{1,250}")
+CREDENTIAL = re.compile(r"[0-9a-f]{32}")  # secrets.token_hex(16), made by each worker process at start
 MAX_STEP_S = 600.0  # a decode step reported as longer is not a measurement
 MAX_WRITERS = 64  # processes one prefill worker names as writers (a CPP group's stages)
 
@@ -161,6 +162,8 @@ class PrefillReport:
     # the copies finish after the report).
     replicated_blocks: int | None = None
     dropped: bool | None = None  # True: the job was dropped unstarted and never writes the pages
+    worker: str | None = None  # who reports, and its credential (set by :meth:`signed` when sent)
+    credential: str | None = None
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> PrefillReport:
@@ -169,6 +172,9 @@ class PrefillReport:
     @classmethod
     def dropped_unstarted(cls, request_id: str, why: str) -> PrefillReport:
         return cls(request_id, False, f"dropped unstarted: {why}", dropped=True)
+
+    def signed(self, worker: str, credential: str) -> PrefillReport:
+        return replace(self, worker=worker, credential=credential)
 
     def to_wire(self) -> dict[str, Any]:
         message = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -201,10 +207,12 @@ class DecodeStep:
     batch: int
     context: int
     events: list[DecodedToken] = field(default_factory=list)
+    credential: str = ""  # the worker's own (WorkerHeartbeat.credential): who says it is that worker
 
     def to_wire(self) -> dict[str, Any]:
         return {"worker": self.worker, "events": [[e.request_id, e.token, e.finish_reason] for e in self.events],
-                "step_s": self.step_s, "batch": self.batch, "context": self.context}
+                "step_s": self.step_s, "batch": self.batch, "context": self.context,
+                "credential": self.credential}
 
     @classmethod
     @wire_parser
@@ -223,7 +231,8 @@ class DecodeStep:
                 raise InvalidArgument(f"a decode event must be [request_id, token, finish_reason], got {event!r:.80}")
             decoded.append(DecodedToken(*event))
         return cls(checked_str(message, "worker", WORKER_NAME), float(step_s),
-                   checked_int(message, "batch", 0, 2**20), checked_int(message, "context", 0), decoded)
+                   checked_int(message, "batch", 0, 2**20), checked_int(message, "context", 0), decoded,
+                   checked_str(message, "credential", CREDENTIAL))
 
 
 @dataclass(frozen=True)
@@ -319,12 +328,13 @@ class WorkerHeartbeat:
     role: str
     address: str
     kv_capacity_tokens: int
+    credential: str  # random, made by the worker process at start: only it can speak as ``name``
     calibration: WorkerCalibration | None = None
     load: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         beat = {**self.load, "name": self.name, "role": self.role, "address": self.address,
-                "kv_capacity_tokens": self.kv_capacity_tokens}
+                "kv_capacity_tokens": self.kv_capacity_tokens, "credential": self.credential}
         if self.calibration is not None:
             beat["calibration"] = self.calibration.to_wire()
         return beat
@@ -341,7 +351,7 @@ class WorkerHeartbeat:
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"bad calibration in the heartbeat of {name!r}: {exc}") from None
         load = {k: v for k, v in message.items()
-                if k not in ("name", "role", "address", "kv_capacity_tokens", "calibration")}
+                if k not in ("name", "role", "address", "kv_capacity_tokens", "calibration", "credential")}
         for key in ("running", "waiting", "reserved", "free_blocks", "expired_reserved"):
             if key in load:
                 checked_int(load, key, 0)
@@ -355,7 +365,8 @@ class WorkerHeartbeat:
             raise InvalidArgument(f"writers must be a list of at most {MAX_WRITERS} processes")
         load["writers"] = [WriterProcess.from_wire(w).to_wire() for w in writers]
         return cls(name, role, checked_str(message, "address", ADDRESS),
-                   checked_int(message, "kv_capacity_tokens", 0), calibration, load)
+                   checked_int(message, "kv_capacity_tokens", 0), checked_str(message, "credential", CREDENTIAL),
+                   calibration, load)
 
     def figure(self, key: str, default: Any = None) -> Any:
         return self.load.get(key, default)

@@ -94,7 +94,8 @@ class ServingService:
         beat, now = WorkerHeartbeat.from_wire(request.args), time.monotonic()
         with self.lock:
             worker = self.workers.get(beat.name)
-            if worker is not None and (worker.address, worker.role) != (beat.address, beat.role):
+            if worker is not None and (worker.address, worker.role, worker.credential) != \
+                    (beat.address, beat.role, beat.credential):
                 if now - worker.last_seen <= self.config.worker_timeout:
                     # A live worker keeps its name: a second process claiming it (a stale
                     # restart, or anyone on the host) would take its requests and its pages.
@@ -105,7 +106,8 @@ class ServingService:
                 worker = None
             if worker is None:
                 worker = Worker(beat.name, beat.role, beat.address,
-                                RpcClient(beat.address, timeout=self.call_timeout, secret=self.secret), now)
+                                RpcClient(beat.address, timeout=self.call_timeout, secret=self.secret), now,
+                                beat.credential)
                 self.workers[worker.name] = worker
                 if worker.role == "prefill":
                     self.conductor.add_prefill(worker.name, prefill_model(self.conductor, beat.load))
@@ -126,6 +128,12 @@ class ServingService:
             flight = self.flights.get(report.request_id)
             if flight is None:
                 return {"known": False}
+            prefill = self.workers.get(flight.decision.prefill_id)
+            if report.worker != flight.decision.prefill_id or prefill is None or \
+                    prefill.credential != report.credential:
+                # Only the prefill worker the request went to may report it (a forged report
+                # would hand the client a first token nobody computed).
+                raise InvalidArgument(f"{report.request_id} is not {report.worker!r}'s to report")
             flight.prefill_reported = True
             if flight.orphaned:
                 del self.flights[flight.request_id]
@@ -139,8 +147,8 @@ class ServingService:
         step = DecodeStep.from_wire(request.args)
         with self.lock:
             worker = self.workers.get(step.worker)
-            if worker is None or worker.role != "decode":
-                raise InvalidArgument(f"no decode worker {step.worker!r} is registered")
+            if worker is None or worker.role != "decode" or worker.credential != step.credential:
+                raise InvalidArgument(f"no decode worker {step.worker!r} with that credential is registered")
             # Only the requests this worker decodes take its tokens.
             routed = [(flight, event) for event in step.events
                       if (flight := self.flights.get(event.request_id)) is not None

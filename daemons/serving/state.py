@@ -24,6 +24,7 @@ class Worker:
     address: str
     client: RpcClient
     last_seen: float
+    credential: str  # the one its heartbeats, steps and reports must carry
     load: dict = field(default_factory=dict)
 
 

@@ -17,6 +17,7 @@ stored KV is reusable bit for bit only when every worker computes it with the sa
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -30,7 +31,7 @@ from daemons.model import build_model, kv_layout
 from daemons.serving.messages import WorkerHeartbeat
 from daemons.workers.calibration import calibrate
 from store.client import StoreClient
-from transfer.errors import MooncakeError
+from transfer.errors import InvalidArgument, MooncakeError
 from transfer.rpc.client_server import RpcClient
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class WorkerDaemon(Daemon):
 
     def setup(self) -> None:
         torch.set_num_threads(1)
+        # This process's proof that it is the worker of its name: the conductor binds the name to
+        # it on the first heartbeat and takes steps and reports only with it.
+        self.credential = secrets.token_hex(16)
         self.model = build_model(self.config)
         self.layout = kv_layout(self.config, self.model)
         self.master_address = self.config.master or self._announced("master")
@@ -59,7 +63,7 @@ class WorkerDaemon(Daemon):
         log.info("start-up profile in %.2fs: %s", time.monotonic() - began, self.calibration)
         self.next_heartbeat = 0.0
         self.next_lookup = time.monotonic() + REFRESH_INTERVAL
-        self._heartbeat(strict=True)
+        self._first_heartbeat()
 
     def setup_worker(self) -> None:
         """Build the KV cache, engines and threads; register operations."""
@@ -112,10 +116,24 @@ class WorkerDaemon(Daemon):
             self.conductor_client = RpcClient(address, timeout=self.config.rpc_timeout, secret=self.secret)
             old.close()
 
+    def _first_heartbeat(self) -> None:
+        """Register with the conductor; a failure stops the start. While our predecessor under
+        this name (a restart) still counts as live there, the conductor refuses the name: it is
+        ours once that one has been silent for worker_timeout."""
+        deadline = time.monotonic() + self.config.worker_timeout + 2 * HEARTBEAT_INTERVAL
+        while True:
+            try:
+                self._heartbeat(strict=True)
+                return
+            except InvalidArgument as exc:
+                if "a live" not in exc.message or time.monotonic() > deadline:
+                    raise
+                time.sleep(HEARTBEAT_INTERVAL / 4)
+
     def _heartbeat(self, strict: bool) -> None:
         self.next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL
         beat = WorkerHeartbeat(self.name, self.role, self.address, self.layout.num_blocks * self.layout.block_size,
-                               self.calibration, self.load())
+                               self.credential, self.calibration, self.load())
         try:
             self.conductor_client.call("conductor.heartbeat", beat.to_wire(), timeout=min(self.config.rpc_timeout, 1.0))
         except MooncakeError as exc:

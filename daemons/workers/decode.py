@@ -149,7 +149,8 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 step_s, batch = time.monotonic() - began, len(events)
                 context = self.batcher.last_step_context
                 self.num_steps += 1
-            step = DecodeStep(self.name, step_s, batch, context, [DecodedToken(e.seq_id, e.token, e.finish_reason) for e in events])
+            step = DecodeStep(self.name, step_s, batch, context,
+                              [DecodedToken(e.seq_id, e.token, e.finish_reason) for e in events], self.credential)
             try:
                 self.conductor_client.call("conductor.tokens", step.to_wire())
             except MooncakeError as exc:

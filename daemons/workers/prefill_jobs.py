@@ -205,6 +205,6 @@ class PrefillJobsDaemon(WorkerDaemon):
 
     def _report(self, report: PrefillReport) -> None:
         try:
-            self.conductor_client.call("conductor.prefill_done", report.to_wire())
+            self.conductor_client.call("conductor.prefill_done", report.signed(self.name, self.credential).to_wire())
         except MooncakeError as exc:
             log.warning("could not report %s to the conductor: %s", report.request_id, exc)

@@ -42,7 +42,7 @@ def frontend():
 
 def _join(service: ServingService, name: str, role: str) -> None:
     service.heartbeat(Request("conductor.heartbeat", {"name": name, "role": role, "address": "tcp://127.0.0.1:9",
-                                                      "kv_capacity_tokens": 4096}, [], 0.0))
+                                                      "kv_capacity_tokens": 4096, "credential": "ab" * 16}, [], 0.0))
 
 
 def test_no_workers_is_503_and_unhealthy(frontend):
@@ -92,7 +92,8 @@ def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(fronten
 
 def test_a_workers_calibration_is_planned_with_and_a_bad_one_refused(frontend):
     url, service = frontend()
-    beat = {"name": "prefill-0", "role": "prefill", "address": "tcp://127.0.0.1:9", "kv_capacity_tokens": 4096}
+    beat = {"name": "prefill-0", "role": "prefill", "address": "tcp://127.0.0.1:9", "kv_capacity_tokens": 4096,
+            "credential": "ab" * 16}
     with pytest.raises(InvalidArgument):
         service.heartbeat(Request("conductor.heartbeat", {**beat, "calibration": {"prefill_coef": [1.0]}}, [], 0.0))
     assert not service.workers  # refused before it joined
@@ -118,7 +119,9 @@ def test_malformed_bodies_are_400_and_a_slow_body_is_408(frontend):
     with socket.create_connection((host, int(port)), timeout=10) as slow:
         slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{")
-        answer = slow.recv(4096)  # within the read timeout, not whenever the client pleases
+        answer = b""
+        while piece := slow.recv(4096):  # within the read timeout, not whenever the client pleases
+            answer += piece
         assert answer.startswith(b"HTTP/1.1 408") and b"http_read_timeout" in answer
     for opening in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):  # silent, or slow headers
         with socket.create_connection((host, int(port)), timeout=10) as slow:
