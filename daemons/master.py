@@ -12,16 +12,24 @@ It publishes the store's KV events (replicas stored and removed, in vLLM's KV-ev
 replay socket beside it on ``kv_events_replay_port``; both addresses are in its announce record,
 cluster.json and ``status`` as ``kv_events_address`` and ``kv_events_replay_address``.
 
-Started on its own (`mooncake start master`, :func:`run_master`) it may also serve Mooncake's
-HTTP metadata protocol (:mod:`transfer.metadata.http_backend`) from the same process, for
+Its HTTP server (``metrics_port``; :mod:`daemons.observe.master_http`) serves Prometheus
+``/metrics`` with Mooncake's ``master_*`` series (:mod:`daemons.observe.master_metrics`, every op's
+requests and failures counted as it runs), ``/health``, ``/role``, ``/leader`` and Mooncake's
+inspection endpoints (``/query_key``, ``/batch_query_keys``, ``/get_all_segments``,
+``/query_segment``, ...).
+
+Started on its own (`mooncake start master`, :func:`run_master`) it binds ``metrics_port`` itself
+(9003, as mooncake_master) and may also serve Mooncake's HTTP metadata protocol (:mod:`transfer.metadata.http_backend`) from the same process, for
 transfer engines given ``metadata_server="http://host:port/metadata"``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
+from prometheus_client.core import Metric
 
 from daemons.base import Daemon
 from daemons.cluster.advertise import advertise_host
@@ -30,6 +38,9 @@ from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import AddressNotReachable, MetadataServerUnavailable
 from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
+from daemons.observe.master_http import MasterView, build_app
+from daemons.observe.master_metrics import CountedOps, RpcCounts, store_families
+from daemons.observe.metrics import counter, gauge
 from store.events.publisher import KvEventPublisher
 from store.master_service import StoreService
 from transfer.metadata.http_backend import HttpMetadataServer
@@ -53,6 +64,7 @@ class MasterDaemon(Daemon):
         # One publisher for the process: a leader's fresh state (HA) publishes on the same socket.
         self.kv_events = KvEventPublisher(self.config.bind_host, self.config.kv_events_port,
                                           self.config.kv_events_replay_port, host)
+        self.rpc_counts = RpcCounts(self.metrics_registry)
         if self.config.ha_backend == "etcd":
             self.election = start_election(self, self._install_state)
         else:
@@ -60,6 +72,7 @@ class MasterDaemon(Daemon):
 
     def _install_state(self, server: Any) -> None:
         """Fresh, empty metadata and store state, its ops registered on ``server``."""
+        server = CountedOps(server, self.rpc_counts)
         self.segment_descriptors = MetadataTable(self.config.metadata_max_entries)
         serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config, self.kv_events)
@@ -77,6 +90,20 @@ class MasterDaemon(Daemon):
             self.oplog.stop()
         if hasattr(self, "kv_events"):
             self.kv_events.close()
+
+    def metric_families(self) -> Iterator[Metric]:
+        yield from store_families(self.store)
+        yield from self.rpc_counts.families()
+        yield gauge("mooncake_master_leading", "1 while this master serves (always, without HA), 0 as a standby",
+                    self.election is None or self.election.leading)
+        if self.election is not None:
+            yield counter("mooncake_master_elections_total", "Times this master was elected leader",
+                          self.election.num_elected)
+        yield gauge("mooncake_kv_events_sequence", "Sequence number of the last KV-event batch published",
+                    self.kv_events.last_sequence)
+
+    def http_app(self) -> Any:
+        return build_app(MasterView(self), self.metrics_registry)
 
     def describe(self) -> dict[str, Any]:
         ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}
@@ -99,6 +126,7 @@ def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: 
 
     def make(cluster_id: str) -> MasterDaemon:
         daemon = MasterDaemon(name, paths, config, cluster_id, port)
+        daemon.metrics_bind_port = config.metrics_port
         daemon.http_metadata_url = metadata.url if metadata else ""
         return daemon
 

@@ -1,0 +1,235 @@
+"""Each daemon of a live `mooncake up` cluster serves Prometheus /metrics on its own port
+(announced in `mooncake status`), with the series its role lists, moving as puts, gets and a
+generation happen; the master answers Mooncake's inspection endpoints in its shapes; `down`
+leaves no port open."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Mooncake
+from tests.daemons.serving.helpers import SERVING_ENV, complete, prompt
+
+SMALL = {**SERVING_ENV, "MOONCAKE_PREFILL_WORKERS": "1", "MOONCAKE_DECODE_WORKERS": "1",
+         "MOONCAKE_KV_CACHE_SIZE": "8MiB", "MOONCAKE_SEGMENT_SIZE": "32MiB",
+         "MOONCAKE_PREFILL_SEGMENT_SIZE": "16MiB", "MOONCAKE_PING_INTERVAL": "200ms"}
+
+# What each role must export (the dashboard's test checks the rest).
+ROLE_SERIES = {
+    "master": ["master_total_capacity_bytes", "master_allocated_bytes", "segment_total_capacity_bytes",
+               "segment_allocated_bytes", "master_key_count", "master_soft_pin_key_count", "master_active_clients",
+               "master_put_start_requests_total", "master_put_start_failures_total",
+               "master_batch_put_start_requests_total", "master_get_replica_list_requests_total",
+               "master_ping_requests_total", "master_evicted_key_count", "master_evicted_size_bytes",
+               "master_put_start_discard_cnt", "master_promotion_completed_total", "master_value_size_bytes_bucket",
+               "mooncake_master_requests_total", "mooncake_master_leading"],
+    "store-client": ["mooncake_store_client_segment_capacity_bytes", "mooncake_store_client_segment_used_bytes",
+                     "mooncake_store_client_puts_total", "mooncake_store_client_gets_total",
+                     "mooncake_transfer_write_bytes", "mooncake_transfer_read_bytes",
+                     "mooncake_store_client_put_errors_total", "mooncake_store_client_ping_failures_total"],
+    "prefill": ["mooncake_worker_prefill_queue_length", "mooncake_worker_prefill_jobs_total",
+                "mooncake_worker_kv_blocks", "mooncake_worker_kv_blocks_free", "mooncake_store_client_puts_total",
+                "mooncake_store_client_segment_capacity_bytes"],
+    "decode": ["mooncake_worker_decode_running", "mooncake_worker_decode_waiting", "mooncake_worker_decode_steps_total",
+               "mooncake_worker_decode_tokens_total", "mooncake_worker_kv_blocks", "mooncake_worker_kv_blocks_free"],
+    "conductor": [],
+}
+
+
+USED, OBJECTS = "mooncake_store_client_segment_used_bytes", "mooncake_store_client_segment_objects"
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers.get("content-type", ""), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("content-type", ""), error.read()
+
+
+def samples(url: str) -> dict[str, float]:
+    """Every sample of a /metrics page, by name and labels (``name{a="x"}``), parsed by prometheus_client."""
+    status, content_type, body = get(url)
+    assert status == 200 and content_type.startswith("text/plain"), (status, content_type)
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            found[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return found
+
+
+def names(url: str) -> set[str]:
+    return {key.partition("{")[0] for key in samples(url)}
+
+
+def wait_for(condition, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return value
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    runner = Mooncake(tmp_path_factory.mktemp("observe") / "cluster")
+    runner.env.update(SMALL)
+    info = runner.json("up", timeout=120)
+    daemons = {d["name"]: d for d in info["daemons"]}
+    yield runner, daemons
+    runner("down", timeout=60)
+
+
+def base(daemon: dict) -> str:
+    return daemon["metrics_url"].removesuffix("/metrics")
+
+
+def test_status_names_each_daemons_metrics_url_and_each_serves_its_series(cluster):
+    runner, daemons = cluster
+    status = {d["name"]: d for d in runner.json("status")["daemons"]}
+    assert set(status) == set(daemons)
+    ports = set()
+    for name, daemon in daemons.items():
+        url = daemon["metrics_url"]
+        assert status[name]["metrics_url"] == url and urlsplit(url).hostname == "127.0.0.1"
+        ports.add(urlsplit(url).port)
+        exported = names(url)
+        assert "process_cpu_seconds_total" in exported  # the process's own, from prometheus_client
+        missing = set(ROLE_SERIES[daemon["role"]]) - exported
+        assert not missing, f"{name} lacks {sorted(missing)}"
+        assert json.loads(get(base(daemon) + "/health")[2])["status"] == "ok"
+    assert len(ports) == len(daemons)  # one port each
+    table = runner("status").stdout.decode()
+    assert all(d["metrics_url"] in table for d in daemons.values())
+
+
+def test_master_and_store_client_series_follow_a_put_and_a_get(cluster):
+    runner, daemons = cluster
+    master = daemons["master"]["metrics_url"]
+    # Placement picks the store client's segment or the prefill worker's: follow both.
+    holders = [daemons[name]["metrics_url"] for name in ("store-client-0", "prefill-0")]
+
+    def held(name: str) -> float:
+        return sum(samples(url)[name] for url in holders)
+
+    before, used_before, objects_before = samples(master), held(USED), held(OBJECTS)
+    value = b"x" * 100_000
+    assert runner("put", "observed", "-", input=value).returncode == 0
+    assert runner("get", "observed").stdout == value
+    assert runner("get", "never-put").returncode == 1
+    after = samples(master)
+
+    def grew(name: str, by: float | None = None) -> bool:
+        delta = after.get(name, 0) - before.get(name, 0)
+        return delta == by if by is not None else delta > 0
+
+    assert grew("master_key_count", 1) and grew("master_allocated_bytes")
+    assert grew("master_batch_put_start_requests_total", 1) and grew("master_batch_put_end_requests_total", 1)
+    assert grew("master_batch_get_replica_list_requests_total", 2)
+    assert grew("master_batch_get_replica_list_failed_items_total", 1)  # never-put
+    assert grew("master_batch_get_replica_list_failures_total", 1)  # its only key failed
+    assert grew("master_value_size_bytes_count", 1) and grew('master_value_size_bytes_bucket{le="262144.0"}', 1)
+    assert not grew('master_value_size_bytes_bucket{le="65536.0"}')
+    assert grew('mooncake_master_requests_total{op="store.batch_put_start"}', 1)
+    # The segment's owner learns of the object from its next ping.
+    wait_for(lambda: held(USED) == used_before + len(value))
+    assert held(OBJECTS) == objects_before + 1
+
+
+def test_worker_series_follow_a_generation(cluster):
+    runner, daemons = cluster
+    prefill, decode = daemons["prefill-0"]["metrics_url"], daemons["decode-0"]["metrics_url"]
+    conductor = runner.json("status")["daemons"]
+    url = next(d["details"]["http_address"] for d in conductor if d["role"] == "conductor")
+    before_p, before_d = samples(prefill), samples(decode)
+    complete(url, prompt=prompt(70, seed=7), max_tokens=5)
+    after_p = samples(prefill)
+    assert after_p["mooncake_worker_prefill_jobs_total"] == before_p["mooncake_worker_prefill_jobs_total"] + 1
+    assert after_p["mooncake_worker_prefill_prompt_tokens_total"] == \
+        before_p["mooncake_worker_prefill_prompt_tokens_total"] + 70
+    # Its two full blocks are put into its own segment in the background.
+    wait_for(lambda: samples(prefill)["mooncake_store_client_puts_total"]
+             >= before_p["mooncake_store_client_puts_total"] + 2)
+    after_d = samples(decode)
+    # The first token comes from the prefill; decode steps make the other four.
+    assert after_d["mooncake_worker_decode_tokens_total"] == before_d["mooncake_worker_decode_tokens_total"] + 4
+    assert after_d["mooncake_worker_decode_steps_total"] >= before_d["mooncake_worker_decode_steps_total"] + 4
+    assert after_d["mooncake_worker_kv_blocks_free"] == after_d["mooncake_worker_kv_blocks"]  # all given back
+
+
+def test_master_inspection_endpoints_answer_in_mooncakes_shapes(cluster):
+    runner, daemons = cluster
+    master = base(daemons["master"])
+    assert runner("put", "inspected", "-", input=b"0123456789").returncode == 0
+    store_segment = runner.json("inspect", "segments")
+
+    status, content_type, body = get(master + "/query_key?key=inspected")
+    assert status == 200 and content_type.startswith("application/json")
+    answer = json.loads(body)
+    assert answer["success"] is True and len(answer["data"]) == 1
+    replica = answer["data"][0]
+    assert set(replica) == {"size_", "buffer_address_", "protocol_", "transport_endpoint_"}
+    assert replica["size_"] == 10 and replica["protocol_"] == "tcp"
+    ours = runner.json("inspect", "key", "inspected")["replicas"][0]
+    assert replica["buffer_address_"] == ours["address"]
+
+    status, _, body = get(master + "/query_key?key=missing")
+    assert status == 404
+    assert json.loads(body) == {"success": False, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"}
+
+    status, _, body = get(master + "/batch_query_keys?keys=inspected,missing")
+    data = json.loads(body)
+    assert status == 200 and data["success"] is True
+    assert data["data"]["inspected"] == {"ok": True, "values": answer["data"]}
+    assert data["data"]["missing"] == {"ok": False, "error": "OBJECT_NOT_FOUND"}
+    status, _, body = get(master + "/batch_query_keys")
+    assert status == 400 and json.loads(body) == {"success": False, "error": "No keys provided. Use ?keys=key1,key2,..."}
+
+    status, _, body = get(master + "/get_all_segments")
+    listed = body.decode().splitlines()
+    assert status == 200 and sorted(listed) == sorted(s["name"] for s in store_segment)
+    segment = next(s for s in store_segment if s["segment_id"] == ours["segment_id"])
+    status, _, body = get(master + f"/query_segment?segment={segment['name']}")
+    assert status == 200
+    assert body.decode() == (f"{segment['name']}\nUsed(bytes): {segment['used_bytes']}\n"
+                             f"Capacity(bytes) : {segment['capacity_bytes']}\n")
+    assert get(master + "/query_segment?segment=nowhere")[:3:2] == (500, b"Failed to query segment")
+    assert "inspected" in get(master + "/get_all_keys")[2].decode().splitlines()
+
+    health = json.loads(get(master + "/health")[2])
+    assert health == {"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": True,
+                      "leader_address": daemons["master"]["address"]}
+    assert get(master + "/role")[2] == b"leader"
+    assert json.loads(get(master + "/leader")[2]) == {"present": True, "leader_address": daemons["master"]["address"]}
+    assert get(master + "/metrics/summary")[2].decode().startswith("role=leader, state=serving, service_ready=true")
+    assert runner("inspect", "key", "inspected").returncode == 0  # `mooncake inspect` works as before
+
+
+def test_down_closes_every_metrics_port(tmp_path):
+    runner = Mooncake(tmp_path / "cluster")
+    info = runner.json("up", timeout=60)
+    ports = [urlsplit(d["metrics_url"]).port for d in info["daemons"]]
+    assert all(get(d["metrics_url"])[0] == 200 for d in info["daemons"])
+    assert runner("down", timeout=60).returncode == 0
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_metrics_port_0_serves_none(tmp_path):
+    runner = Mooncake(tmp_path / "cluster")
+    try:
+        info = runner.json("up", env={"MOONCAKE_METRICS_PORT": "0"}, timeout=60)
+        assert all("metrics_url" not in d for d in info["daemons"])
+        assert all(d["metrics_url"] is None for d in runner.json("status")["daemons"])
+    finally:
+        runner("down", timeout=60)
