@@ -6,6 +6,7 @@ leaves no port open."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.error
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Mooncake
+from tests.conftest import REPO, Mooncake
 from tests.daemons.serving.helpers import SERVING_ENV, complete, prompt
 
 SMALL = {**SERVING_ENV, "MOONCAKE_PREFILL_WORKERS": "1", "MOONCAKE_DECODE_WORKERS": "1",
@@ -43,6 +44,10 @@ ROLE_SERIES = {
     "conductor": [],
 }
 
+
+DASHBOARD = REPO / "daemons" / "observe" / "grafana" / "mooncake.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
+                "unless"}
 
 USED, OBJECTS = "mooncake_store_client_segment_used_bytes", "mooncake_store_client_segment_objects"
 
@@ -212,6 +217,36 @@ def test_master_inspection_endpoints_answer_in_mooncakes_shapes(cluster):
     assert json.loads(get(master + "/leader")[2]) == {"present": True, "leader_address": daemons["master"]["address"]}
     assert get(master + "/metrics/summary")[2].decode().startswith("role=leader, state=serving, service_ready=true")
     assert runner("inspect", "key", "inspected").returncode == 0  # `mooncake inspect` works as before
+
+
+def queried_series(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: its identifiers, less functions (followed by a
+    parenthesis), label names (inside braces or by/without clauses), ranges and keywords."""
+    expr = re.sub(r'"[^"]*"', "", expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^]]*\]", "", expr)
+    expr = re.sub(r"\b(by|without)\s*\([^)]*\)", "", expr)
+    return {name for name in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", expr)
+            if name not in PROMQL_WORDS}
+
+
+def test_queried_series_are_the_metric_names():
+    assert queried_series('histogram_quantile(0.99, sum by (le) (rate(a_bucket{x="1"}[5m]))) / b + 1 - c') == \
+        {"a_bucket", "b", "c"}
+
+
+def test_every_series_the_dashboard_queries_exists_on_the_live_cluster(cluster):
+    """Run after a put, a get and a generation (the tests above), so that series the conductor
+    writes only once something happened (its TTFT histogram) are there too."""
+    runner, daemons = cluster
+    exported = set().union(*(names(d["metrics_url"]) for d in daemons.values()))
+    status = runner.json("status")["daemons"]
+    front_end = next(d["details"]["http_address"] for d in status if d["role"] == "conductor")
+    exported |= names(front_end + "/metrics")
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel.get("targets", [])
+               for name in queried_series(target["expr"])}
+    assert len(queried) > 40
+    assert not queried - exported, f"the dashboard queries series no daemon exports: {sorted(queried - exported)}"
 
 
 def test_down_closes_every_metrics_port(tmp_path):
