@@ -193,7 +193,8 @@ SETTINGS: tuple[Setting, ...] = (
        "How long `down` waits after SIGTERM before it sends SIGKILL."),
     _s("cluster", "drain_timeout", "duration", 3.0,
        "How long a daemon finishes in-flight requests after SIGTERM."),
-    _s("cluster", "metrics_port", "int", 9003,
+    # metrics: what an operator watches each daemon through
+    _s("metrics", "metrics_port", "int", 9003,
        "Port of a daemon's HTTP server on bind_host: Prometheus /metrics, and on the master also "
        "/health, /role and the inspection endpoints, as mooncake_master serves them on 9003. "
        "0: off. A master started with `mooncake start master` binds this port; every other "

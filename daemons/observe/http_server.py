@@ -29,8 +29,8 @@ class HttpServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self.socket = socket.create_server((host, port), family=family)
-        except OSError as exc:
-            raise SocketError(f"the {purpose} cannot listen on {host}:{port} ({exc.strerror or exc}): "
+        except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
+            raise SocketError(f"the {purpose} cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc}): "
                               "choose another metrics_port, or 0 to turn it off") from None
         self.host, self.port = self.socket.getsockname()[:2]
         self.grace, self.purpose = grace, purpose

@@ -29,7 +29,7 @@ def _daemon_table(daemons: list[dict], title: str) -> Table:
     return table
 
 
-@settings_options("cluster", "rpc", "topology", "transfer", "store", "scheduler", "model", "serving")
+@settings_options("cluster", "metrics", "rpc", "topology", "transfer", "store", "scheduler", "model", "serving")
 def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
     """Start every daemon of a single-host cluster in the background and wait until all are healthy.
 
