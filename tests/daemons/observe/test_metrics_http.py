@@ -22,6 +22,8 @@ from tests.daemons.serving.helpers import SERVING_ENV, complete, prompt
 SMALL = {**SERVING_ENV, "MOONCAKE_PREFILL_WORKERS": "1", "MOONCAKE_DECODE_WORKERS": "1",
          "MOONCAKE_KV_CACHE_SIZE": "8MiB", "MOONCAKE_SEGMENT_SIZE": "32MiB",
          "MOONCAKE_PREFILL_SEGMENT_SIZE": "16MiB", "MOONCAKE_PING_INTERVAL": "200ms"}
+# The harness turns metrics off; under `up` any other value means a free port for each daemon.
+METRICS_ON = {"MOONCAKE_METRICS_PORT": "9003"}
 
 # What each role must export (the dashboard's test checks the rest).
 ROLE_SERIES = {
@@ -87,7 +89,7 @@ def wait_for(condition, timeout: float = 10.0):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     runner = Mooncake(tmp_path_factory.mktemp("observe") / "cluster")
-    runner.env.update(SMALL)
+    runner.env.update({**SMALL, **METRICS_ON})
     info = runner.json("up", timeout=120)
     daemons = {d["name"]: d for d in info["daemons"]}
     yield runner, daemons
@@ -251,6 +253,7 @@ def test_every_series_the_dashboard_queries_exists_on_the_live_cluster(cluster):
 
 def test_down_closes_every_metrics_port(tmp_path):
     runner = Mooncake(tmp_path / "cluster")
+    runner.env.update(METRICS_ON)
     info = runner.json("up", timeout=60)
     ports = [urlsplit(d["metrics_url"]).port for d in info["daemons"]]
     assert all(get(d["metrics_url"])[0] == 200 for d in info["daemons"])
