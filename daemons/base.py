@@ -103,7 +103,7 @@ class Daemon:
         """This daemon's own prometheus_client registry."""
         # Imported on first use: `mooncake status` imports this module (through the launcher)
         # and must not pay for prometheus_client, FastAPI and uvicorn.
-        from daemons.observe.metrics import daemon_registry
+        from daemons.observe.registry import daemon_registry
 
         return daemon_registry(self.metric_families)
 

@@ -25,11 +25,10 @@ transfer engines given ``metadata_server="http://host:port/metadata"``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
-from prometheus_client.core import Metric
 
 from daemons.base import Daemon
 from daemons.cluster.advertise import advertise_host
@@ -38,9 +37,6 @@ from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import AddressNotReachable, MetadataServerUnavailable
 from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
-from daemons.observe.master_http import MasterView, build_app
-from daemons.observe.master_metrics import CountedOps, RpcCounts, store_families
-from daemons.observe.metrics import counter, gauge
 from store.events.publisher import KvEventPublisher
 from store.master_service import StoreService
 from transfer.metadata.http_backend import HttpMetadataServer
@@ -55,6 +51,7 @@ class MasterDaemon(Daemon):
     election = None  # with ha_backend etcd: this master's campaign (daemons.ha.master_election)
     oplog = None  # and its op-log writer
     http_metadata_url = ""  # the HTTP metadata server run beside it (run_master), if any
+    metrics = None  # with metrics_port: its series and HTTP endpoints (daemons.observe.master_metrics)
 
     def setup(self) -> None:
         try:
@@ -64,7 +61,11 @@ class MasterDaemon(Daemon):
         # One publisher for the process: a leader's fresh state (HA) publishes on the same socket.
         self.kv_events = KvEventPublisher(self.config.bind_host, self.config.kv_events_port,
                                           self.config.kv_events_replay_port, host)
-        self.rpc_counts = RpcCounts(self.metrics_registry)
+        if self.config.metrics_port:
+            # Imported only to serve them: prometheus_client and Starlette add 50 ms to every start.
+            from daemons.observe.master_metrics import MasterMetrics
+
+            self.metrics = MasterMetrics(self)
         if self.config.ha_backend == "etcd":
             self.election = start_election(self, self._install_state)
         else:
@@ -72,7 +73,8 @@ class MasterDaemon(Daemon):
 
     def _install_state(self, server: Any) -> None:
         """Fresh, empty metadata and store state, its ops registered on ``server``."""
-        server = CountedOps(server, self.rpc_counts)
+        if self.metrics is not None:
+            server = self.metrics.counted(server)
         self.segment_descriptors = MetadataTable(self.config.metadata_max_entries)
         serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config, self.kv_events)
@@ -91,19 +93,11 @@ class MasterDaemon(Daemon):
         if hasattr(self, "kv_events"):
             self.kv_events.close()
 
-    def metric_families(self) -> Iterator[Metric]:
-        yield from store_families(self.store)
-        yield from self.rpc_counts.families()
-        yield gauge("mooncake_master_leading", "1 while this master serves (always, without HA), 0 as a standby",
-                    self.election is None or self.election.leading)
-        if self.election is not None:
-            yield counter("mooncake_master_elections_total", "Times this master was elected leader",
-                          self.election.num_elected)
-        yield gauge("mooncake_kv_events_sequence", "Sequence number of the last KV-event batch published",
-                    self.kv_events.last_sequence)
+    def metric_families(self) -> Iterable[Any]:
+        return self.metrics.families()
 
     def http_app(self) -> Any:
-        return build_app(MasterView(self), self.metrics_registry)
+        return self.metrics.app()
 
     def describe(self) -> dict[str, Any]:
         ha = {"ha": {"leading": self.election.leading, "address": self.election.address}} if self.election else {}

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 
+from daemons.observe.master_http import MasterView, build_app
 from daemons.observe.metrics import counter, gauge, labelled_counter, labelled_gauge
 
 # Our op -> the stem of Mooncake's master_<stem>_requests_total / _failures_total.
@@ -47,6 +48,33 @@ OFFICIAL_STATS = {
     "num_promoted": ("master_promotion_completed_total", "Disk-only objects copied back to memory"),
     "num_promoted_bytes": ("master_promotion_completed_bytes_total", "Bytes promoted from disk to memory"),
 }
+
+
+class MasterMetrics:
+    """The master daemon's series and HTTP endpoints; ``counted`` wraps each RPC server its ops
+    are registered on (the plain one, or HA's gate) so that every op is counted."""
+
+    def __init__(self, daemon: Any) -> None:
+        self.daemon = daemon
+        self.rpc_counts = RpcCounts(daemon.metrics_registry)
+
+    def counted(self, server: Any) -> CountedOps:
+        return CountedOps(server, self.rpc_counts)
+
+    def app(self) -> Any:
+        return build_app(MasterView(self.daemon), self.daemon.metrics_registry)
+
+    def families(self) -> Iterator[Metric]:
+        daemon, election = self.daemon, self.daemon.election
+        yield from store_families(daemon.store)
+        yield from self.rpc_counts.families()
+        yield gauge("mooncake_master_leading", "1 while this master serves (always, without HA), 0 as a standby",
+                    election is None or election.leading)
+        if election is not None:
+            yield counter("mooncake_master_elections_total", "Times this master was elected leader",
+                          election.num_elected)
+        yield gauge("mooncake_kv_events_sequence", "Sequence number of the last KV-event batch published",
+                    daemon.kv_events.last_sequence)
 
 
 class RpcCounts:

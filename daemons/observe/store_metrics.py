@@ -4,14 +4,13 @@ daemon's, a prefill worker's instance-local KV cache) and the puts and gets it m
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-from prometheus_client.core import Metric
+from typing import Any
 
 from daemons.observe.metrics import counter, gauge
 from store.client import StoreClient
 
 
-def client_families(client: StoreClient) -> Iterator[Metric]:
+def client_families(client: StoreClient) -> Iterator[Any]:
     stats = client.stats.as_dict()
     yield counter("mooncake_store_client_puts_total", "Objects this daemon's store client put", stats["num_puts"])
     yield counter("mooncake_store_client_put_errors_total", "Keys whose put by this daemon failed",
