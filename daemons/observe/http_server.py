@@ -25,13 +25,15 @@ JOIN_MARGIN = 5.0  # seconds past the grace for the loop to wind down before we 
 
 
 class HttpServer:
-    def __init__(self, app: Any, host: str, port: int, grace: float, purpose: str = "HTTP server") -> None:
+    def __init__(self, app: Any, host: str, port: int, grace: float, purpose: str = "HTTP server",
+                 advice: str = "choose another metrics_port, or 0 to turn it off") -> None:
+        """``purpose`` names the server in errors, ``advice`` says what to do about a port in use."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self.socket = socket.create_server((host, port), family=family)
         except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
-            raise SocketError(f"the {purpose} cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc}): "
-                              "choose another metrics_port, or 0 to turn it off") from None
+            reason = getattr(exc, "strerror", None) or exc
+            raise SocketError(f"the {purpose} cannot listen on {host}:{port} ({reason}): {advice}") from None
         self.host, self.port = self.socket.getsockname()[:2]
         self.grace, self.purpose = grace, purpose
         # log_config None: the daemon's logging stays as it is; no access log (one line per scrape).
