@@ -24,8 +24,8 @@ import topology
 from daemons.cluster.directory import cluster_info
 from daemons.cluster.workdir import ClusterPaths, read_json, shm_prefix
 from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, WorkdirUnusable
-from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap, spawn,
-                              wait_healthy, write_cluster_record, write_pidfile)
+from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap,
+                              replace_cluster_row, spawn, wait_healthy, write_cluster_record, write_pidfile)
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
@@ -131,6 +131,24 @@ def restart(paths: ClusterPaths, name: str, config: Config) -> dict[str, Any]:
     port = int(old["address"].rsplit(":", 1)[1]) if old.get("address") else 0
     forget_announcement(paths, name)
     return _start(paths, DaemonSpec(name, record["role"]), cluster["cluster_id"], port, config)
+
+
+def restart_daemon(paths: ClusterPaths, which: str, config: Config) -> dict[str, Any]:
+    """`mooncake restart`: stop the daemon named ``which`` (or the only one of that role) if it
+    runs, start it again on its old port in the same cluster, and put its new record in
+    cluster.json in place of the old one. The other daemons keep running and reconnect."""
+    names = paths.known_daemons()
+    if which not in names:
+        of_role = [n for n in names if (read_json(paths.pidfile(n)) or {}).get("role") == which]
+        if len(of_role) != 1:
+            choices = ", ".join(names) or "none"
+            raise ClusterNotRunning(f"no daemon named {which!r}" + (" (several have that role: name one)"
+                                    if of_role else "") + f" in {paths.workdir}; daemons: {choices}")
+        which = of_role[0]
+    _stop_group(paths, [which], config.stop_grace)
+    announce = restart(paths, which, config)
+    replace_cluster_row(paths, {**announce, "log": str(paths.log_file(which))})
+    return announce
 
 
 def _start(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, config: Config) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 # Which module of commands/ registers each command (with its `register(root)`), in the order
 # `mooncake --help` lists them.
 COMMANDS = {
-    "up": "cluster", "status": "cluster", "down": "cluster", "sim": "sim",
+    "up": "cluster", "status": "cluster", "restart": "cluster", "down": "cluster", "sim": "sim",
     "put": "store", "get": "store", "rm": "store", "exists": "store", "inspect": "inspect",
     "generate": "generate", "config": "config", "topo": "topo", "start": "start", "bench": "bench",
 }

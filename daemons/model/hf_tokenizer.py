@@ -21,6 +21,7 @@ Nothing here loads weights: the conductor builds it from the same directory as t
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
-from tokenizers.decoders import DecodeStream
 
 from daemons.model.config import token_ids
 from daemons.model.errors import ChatTemplateError, CheckpointError
@@ -37,6 +37,7 @@ from daemons.model.tokenizer import Detokenizer
 from daemons.model.weights import read_json
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class HfTokenizer:
@@ -53,6 +54,9 @@ class HfTokenizer:
         self.eos_token_id = eos
         self.stop_token_ids = stop_token_ids | {eos}
         self._template = _compile(chat_template) if chat_template is not None else None
+        # Byte-fallback vocabularies spell bytes as tokens "<0xAB>": a run of them decodes as a
+        # whole (a byte that no character completes becomes U+FFFD), so a stream waits for a run's end.
+        self._byte_ids = frozenset(i for text, i in tokenizer.get_vocab().items() if BYTE_TOKEN.fullmatch(text))
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> HfTokenizer:
@@ -97,7 +101,7 @@ class HfTokenizer:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def detokenizer(self) -> Detokenizer:
-        return _StreamDetokenizer(self._tokenizer)
+        return _StreamDetokenizer(self._tokenizer, self._byte_ids)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Ids of the conversation and the assistant's turn header; :class:`ChatTemplateError` when
@@ -115,26 +119,38 @@ class HfTokenizer:
 
 
 class _StreamDetokenizer:
-    """The tokenizers library's DecodeStream, which holds back ids until they decode to whole
-    characters, with the flush it lacks."""
+    """Text of generated ids as it becomes final, by decoding a short window of recent ids twice
+    (without and with the new one) and emitting the difference once it ends in a whole character.
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+    Not the tokenizers library's DecodeStream: on byte-fallback vocabularies it raises
+    PREFIX_LOST when a byte token turns earlier U+FFFD into a character. Decoding a window keeps
+    whatever a decoder does at the start of a text (a stripped leading space) the same on both
+    sides of the difference. A run of byte tokens (``byte_ids``) is held until a token that is
+    not one ends it: how the run decodes depends on all of it."""
+
+    def __init__(self, tokenizer: Tokenizer, byte_ids: frozenset[int] = frozenset()) -> None:
+        self._tokenizer, self._byte_ids = tokenizer, byte_ids
         self._ids: list[int] = []
-        self._emitted = 0  # characters handed out so far
+        self._prefix = 0  # the window starts here: ids before it are emitted for good
+        self._read = 0  # ids up to here are emitted
+
+    def _text(self, start: int, end: int | None = None) -> str:
+        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._stream.step(self._tokenizer, token_id) or ""
-        self._emitted += len(text)
-        return text
+        if token_id in self._byte_ids:
+            return ""
+        emitted, whole = self._text(self._prefix, self._read), self._text(self._prefix)
+        if len(whole) <= len(emitted) or whole.endswith("\ufffd"):
+            return ""  # a special token, or a character whose last byte has not come yet
+        self._prefix, self._read = self._read, len(self._ids)
+        return whole[len(emitted):]
 
     def flush(self) -> str:
-        # What the stream still holds is an unfinished character: the whole text, decoded
-        # once, ends with it as U+FFFD.
-        rest = self._tokenizer.decode(self._ids, skip_special_tokens=True)[self._emitted:]
-        self._emitted += len(rest)
+        # What is held back is an unfinished character: it decodes as U+FFFD.
+        rest = self._text(self._prefix)[len(self._text(self._prefix, self._read)):]
+        self._prefix = self._read = len(self._ids)
         return rest
 
 

@@ -93,6 +93,10 @@ class KVCache:
             raw = torch.from_numpy(buffer.reshape(-1)[:layout.nbytes])
             self.tensor = raw.view(layout.dtype).view(layout.shape)
         self._bytes = self.tensor.view(-1).view(torch.uint8).numpy()
+        # Per layer, the keys and the values of every page as rows [num_blocks, block_size *
+        # kv_heads * head_dim]: views made once, what a decode step gathers pages from.
+        self._page_rows = [(self.tensor[:, layer, 0].flatten(1), self.tensor[:, layer, 1].flatten(1))
+                           for layer in range(layout.num_layers)]
 
     def numpy(self) -> np.ndarray:
         """The whole cache as a flat writable uint8 array sharing its memory (to register once)."""
@@ -121,10 +125,17 @@ class KVCache:
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, D] of tokens at absolute ``positions`` of one sequence."""
         size = self.layout.block_size
-        blocks = torch.tensor(block_table, dtype=torch.long)[positions // size]
-        slots = positions % size
-        self.tensor[blocks, layer, 0, slots] = k
-        self.tensor[blocks, layer, 1, slots] = v
+        pages = torch.tensor(block_table, dtype=torch.long)[positions // size]
+        self.write_slots(layer, pages, positions % size, k, v)
+
+    def write_slots(self, layer: int, pages: torch.Tensor, slots: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, D] of T tokens, token i at slot ``slots[i]`` of page ``pages[i]``.
+
+        One indexed assignment whatever sequences the tokens belong to: a decode step writes the
+        new token of every sequence in the batch with one call.
+        """
+        self.tensor[pages, layer, :, slots] = torch.stack((k, v), dim=1)
 
     def gather(self, layer: int, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [num_tokens, kv_heads, D] of positions 0..num_tokens-1 of one sequence."""
@@ -133,3 +144,18 @@ class KVCache:
         pages = self.tensor[used, layer]  # [blocks, 2, block_size, kv_heads, D]
         shape = (-1, self.layout.num_kv_heads, self.layout.head_dim)
         return pages[:, 0].reshape(shape)[:num_tokens], pages[:, 1].reshape(shape)[:num_tokens]
+
+    def gather_pages(self, layer: int, block_tables: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy the keys and values of the pages ``block_tables`` [B, P] lists for B sequences into
+        ``keys`` and ``values`` [B, P * block_size, kv_heads, D] (contiguous), position by
+        position: row b gets sequence b's positions 0..P*block_size-1, whatever its pages hold
+        past its own length.
+
+        One ``index_select`` for the keys and one for the values, for the whole batch, into
+        memory the caller keeps from step to step: a fresh tensor of a few MiB every layer would
+        be new pages from the kernel, and faulting them in costs more than the copy.
+        """
+        pages = block_tables.reshape(-1)
+        key_rows, value_rows = self._page_rows[layer]
+        torch.index_select(key_rows, 0, pages, out=keys.view(pages.shape[0], -1))
+        torch.index_select(value_rows, 0, pages, out=values.view(pages.shape[0], -1))

@@ -6,16 +6,20 @@ is what makes stored KV reusable bit for bit: every chunk's matmuls have the sam
 same inputs whether the prompt was computed cold or after loading its prefix, so the KV of block
 k is a function of tokens 0..k only. (One matmul over all new tokens would not be: BLAS kernels
 round differently for different row counts.) Decode makes no such promise, and needs none: its
-KV is never stored under a prefix key.
+KV is never stored under a prefix key. It runs the whole batch as tensor operations instead:
+each layer writes every sequence's new K and V with one indexed assignment, gathers all their
+pages into keys and values padded to the longest context, and attends in one masked call.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from daemons.model.attention import attend
+from daemons.model.attention import KeyMask, attend, attend_padded
 from daemons.model.kv_cache import KVCache
 from daemons.model.layers import DecoderLayer
 from daemons.model.llama import LlamaModel
@@ -58,6 +62,11 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.layout.block_size
+        # Decode gathers each layer's keys and values here: kept from step to step (and grown
+        # when a step needs more), since a fresh multi-MiB tensor per layer would spend more on
+        # faulting in new pages than on the copy. Holds the largest batch x context seen so far,
+        # and makes decode one caller at a time (a decode worker's one loop thread).
+        self._gathered = torch.empty(0, dtype=kv_cache.layout.dtype)
 
     @torch.no_grad()
     def prefill(self, seq: Sequence, on_layer_done: LayerDone | None = None) -> torch.Tensor:
@@ -81,28 +90,67 @@ class ModelRunner:
         seq.num_kv_tokens = end
         return self.model.logits(hidden[-1:])[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One step for a batch: each sequence's last token (whose KV is not yet in its pages)
-        goes through the model; returns float32 logits [len(seqs), vocab] of the next tokens."""
+        goes through the model; returns float32 logits [len(seqs), vocab] of the next tokens.
+
+        The whole batch is tensor work, layer by layer: projections and MLP over [B, hidden];
+        every sequence's new K and V written with one indexed assignment; the pages of all
+        sequences gathered into keys and values padded to the longest context; one attention
+        call masked by each sequence's length. The only Python loops over the batch build the
+        step's index tensors, once for all layers.
+        """
+        if not seqs:
+            raise ValueError("a decode step needs at least one sequence")
         for seq in seqs:
             if seq.num_kv_tokens != len(seq) - 1:
                 raise ValueError(f"sequence {seq.seq_id!r} has KV for {seq.num_kv_tokens} of {len(seq)} tokens")
             if len(seq.block_table) * self.block_size < len(seq):
                 raise ValueError(f"sequence {seq.seq_id!r} has no page for token {len(seq) - 1}")
-        positions = torch.tensor([len(seq) - 1 for seq in seqs])
+        step = _DecodeStep.of(seqs, self.block_size, self.kv_cache.layout.dtype)
+        keys, values = self._gather_buffers(len(seqs), step.block_tables.shape[1] * self.block_size)
         hidden = self.model.embed(torch.tensor([seq.token_ids[-1] for seq in seqs]))
         for index, layer in enumerate(self.model.layers):
-            q, k, v = layer.qkv(hidden, positions)
-            rows = []
-            # Projections and MLP run batched; attention runs per sequence because each has
-            # its own context length and pages.
-            for i, seq in enumerate(seqs):
-                pos = positions[i:i + 1]
-                self.kv_cache.write(index, seq.block_table, pos, k[i:i + 1], v[i:i + 1])
-                keys, values = self.kv_cache.gather(index, seq.block_table, len(seq))
-                rows.append(attend(q[i:i + 1], keys, values, pos))
-            hidden = layer.finish(hidden, torch.cat(rows))
+            q, k, v = layer.qkv(hidden, step.positions)
+            self.kv_cache.write_slots(index, step.write_pages, step.write_slots, k, v)
+            self.kv_cache.gather_pages(index, step.block_tables, keys, values)
+            hidden = layer.finish(hidden, attend_padded(q, keys, values, step.mask))
         for seq in seqs:
             seq.num_kv_tokens = len(seq)
         return self.model.logits(hidden)
+
+    def _gather_buffers(self, batch: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [batch, width, kv_heads, D] for one step, in the kept buffer."""
+        shape = (batch, width, self.kv_cache.layout.num_kv_heads, self.kv_cache.layout.head_dim)
+        size = math.prod(shape)
+        if self._gathered.numel() < 2 * size:
+            self._gathered = torch.empty(2 * size, dtype=self._gathered.dtype)
+        return self._gathered[:size].view(shape), self._gathered[size:2 * size].view(shape)
+
+
+@dataclass(frozen=True)
+class _DecodeStep:
+    """The index tensors of one decode step, built once and used by every layer."""
+
+    positions: torch.Tensor  # [B] position of each sequence's new token
+    write_pages: torch.Tensor  # [B] page and slot where that token's K and V go
+    write_slots: torch.Tensor
+    block_tables: torch.Tensor  # [B, P] pages of positions 0..P*block_size-1, padded with page 0
+    mask: KeyMask
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], block_size: int, dtype: torch.dtype) -> _DecodeStep:
+        lengths = [len(seq) for seq in seqs]
+        num_pages = -(-max(lengths) // block_size)
+        # Pages reserved beyond the longest context are left out; a shorter table is padded with
+        # page 0, whose contents attention then zeroes and masks like any position past a length.
+        tables = [table + [0] * (num_pages - len(table)) for table in (seq.block_table[:num_pages] for seq in seqs)]
+        positions = torch.tensor(lengths) - 1
+        return cls(
+            positions=positions,
+            write_pages=torch.tensor([table[(n - 1) // block_size] for table, n in zip(tables, lengths)]),
+            write_slots=positions % block_size,
+            block_tables=torch.tensor(tables),
+            mask=KeyMask.of_lengths(positions + 1, num_pages * block_size, dtype),
+        )

@@ -73,6 +73,8 @@ def stream_completion(url: str, body: dict, timeout: float) -> Completion:
             chunk = json.loads(data)
             if "error" in chunk:
                 raise _error(chunk["error"].get("code", 502), data, None)
+            if not chunk["choices"]:
+                continue  # the usage chunk, sent only when asked for
             result.arrivals.append(time.monotonic())
             choice = chunk["choices"][0]
             result.token_ids += choice["token_ids"]

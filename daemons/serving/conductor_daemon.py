@@ -10,10 +10,11 @@ RPC operations the workers call (see :mod:`daemons.serving.service` for what eac
 
 Its tick drops workers whose heartbeats stopped. A thread it owns follows the master's KV events
 into the cache index (:mod:`daemons.serving.kv_events`); the master is ``--master`` or the one
-announced in the workdir. The HTTP front end (``http_port``, 0: any free
-port) is announced as ``http_address`` in its announce record and cluster.json, which is how
-`mooncake generate` and `mooncake bench serve` find it, beside ``kv_block_tokens``, the block
-size they build prompts for. Started with ``--master`` (on a host of its own), it also registers
+announced in the workdir. The HTTP front end (:mod:`daemons.serving.http_frontend`, served by
+uvicorn on a thread with its own event loop; ``http_port``, 0: any free port) is announced as
+``http_address`` in its announce record and cluster.json, which is how `mooncake generate` and
+`mooncake bench serve` find it, beside ``kv_block_tokens``, the block size they build prompts
+for. Started with ``--master`` (on a host of its own), it also registers
 both addresses and the block size with the master as the ``conductor`` service and keeps them
 registered (:mod:`daemons.cluster.service_registry`), so workers and `mooncake generate --master`
 on other hosts find it there. It never loads the model: the tokenizer and the vocabulary size
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,10 @@ from daemons.base import Daemon
 from daemons.cluster.advertise import advertise_host, advertised
 from daemons.cluster.service_registry import ServiceRegistration
 from daemons.cluster.workdir import read_json
-from daemons.model import ByteTokenizer, ModelConfig, build_tokenizer
+from daemons.model import ModelConfig, Tokenizer, build_tokenizer
 from daemons.serving.errors import BadRequest
-from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.http_frontend import RANDOM_MODEL_ID, build_app
+from daemons.serving.http_server import HttpServer
 from daemons.serving.kv_events import KvEventSubscriber
 from daemons.serving.service import ServingService
 from scheduler.block_hash import parse_key
@@ -44,11 +45,18 @@ log = logging.getLogger(__name__)
 MAX_INDEX_QUERY = 1024  # block keys one conductor.index call may ask about
 
 
-def vocab_size(config: Any, tokenizer: ByteTokenizer | None) -> int:
-    if tokenizer is not None:
+def vocab_size(config: Any, tokenizer: Tokenizer | None) -> int:
+    """Token ids a prompt may hold: the model's embedding rows (a checkpoint pads them past its
+    tokenizer's vocabulary, and its greedy output may use any of them)."""
+    if not config.model_dir:
         return tokenizer.vocab_size
     hf = json.loads((Path(config.model_dir) / "config.json").read_text())
     return ModelConfig.from_hf(hf).vocab_size
+
+
+def served_model_id(config: Any) -> str:
+    """The model's name in /v1/models: its checkpoint directory's, or the random model's."""
+    return Path(config.model_dir).resolve().name if config.model_dir else RANDOM_MODEL_ID
 
 
 class ConductorDaemon(Daemon):
@@ -71,14 +79,14 @@ class ConductorDaemon(Daemon):
         else:
             log.warning("no master to follow: the cache index stays empty")
         tokenizer = build_tokenizer(self.config)
-        self.http = FrontEnd(self.config.bind_host, self.config.http_port, self.service, tokenizer,
-                             vocab_size(self.config, tokenizer), self.config.http_max_body,
-                             self.config.default_max_tokens)
-        self.http_thread = threading.Thread(target=self.http.serve_forever, name="http", daemon=True)
-        self.http_thread.start()
+        app = build_app(self.service, tokenizer, vocab_size(self.config, tokenizer), served_model_id(self.config),
+                        self.config.http_max_body, self.config.default_max_tokens,
+                        read_timeout=self.config.http_read_timeout)
+        self.http = HttpServer(app, self.config.bind_host, self.config.http_port,
+                               self.config.drain_timeout).start(self.config.start_timeout)
         if self.config.master:
             # Other hosts need the address they can reach, not the one we bound.
-            http_port = self.http.server_address[1]
+            http_port = self.http.port
             self.registration = ServiceRegistration(self.config.master, {
                 "name": "conductor", "address": advertised(self.server.address, self.config),
                 "http_address": f"http://{advertise_host(self.config)}:{http_port}",
@@ -90,14 +98,18 @@ class ConductorDaemon(Daemon):
         if self.registration is not None:
             self.registration.tick(now)
 
+    def _shutdown(self) -> None:
+        # The front end first: streams in flight may finish (for drain_timeout) while the workers
+        # can still report their tokens, which they do over the RPC server stopped next.
+        if hasattr(self, "http"):
+            self.http.close()
+        super()._shutdown()
+
     def teardown(self) -> None:
         if self.kv_events is not None:
             self.kv_events.close()
         if self.registration is not None:
             self.registration.close()
-        if hasattr(self, "http"):
-            self.http.shutdown()
-            self.http.server_close()
 
     def _index(self, request: Any) -> dict[str, Any]:
         wanted = request.args.get("blocks", [])

@@ -1,203 +1,316 @@
-"""The conductor's HTTP front end (standard library ``http.server``, one thread per connection).
+"""The conductor's HTTP front end: an OpenAI-compatible API on FastAPI.
 
-    POST /v1/completions   OpenAI-style completion (see daemons.serving.completion_request); with
-                           "stream": true, server-sent events, one chunk per token, then
-                           "data: [DONE]". Extra key "mooncake": TTFT, TBT, prefix tokens
-                           reused, which workers served it.
-    GET  /metrics          Prometheus text: TTFT/TBT histograms, hit tokens, rejections, queues
-    GET  /health           200 with worker counts while at least one prefill and one decode
-                           worker serve, else 503
+    POST /v1/completions       completion of a prompt (text or token ids), see
+                               daemons.serving.completion_request for the fields
+    POST /v1/chat/completions  completion of a conversation, through the tokenizer's chat template
+    GET  /v1/models            the one model served: the checkpoint directory's name, or
+                               "mooncake-random" for the random default model
+    GET  /metrics              Prometheus text: TTFT/TBT histograms, hit tokens, rejections, queues
+    GET  /health               200 and "status": "ok" while at least one prefill and one decode
+                               worker serve and the conductor admits requests; else 503 with
+                               "unavailable" (no workers) or "degraded" (the last 10 requests of
+                               the last minute were all rejected)
 
-Errors are ``{"error": {"message", "type", "code"}}`` with 400 (bad request: invalid JSON, unknown
-field, empty prompt, oversized body...), 429 + Retry-After (early rejection), 502 (a worker failed
+Answers have OpenAI's shapes (``text_completion``, ``chat.completion`` with ``usage``); with
+``"stream": true`` they come as server-sent events, one ``text_completion`` chunk per token (or
+``chat.completion.chunk`` with the role first, then content), a last chunk with ``usage`` when
+``stream_options.include_usage`` asks, and ``data: [DONE]``. Our extensions: each completion
+choice lists its ``token_ids``, and the last chunk (or the answer) has a ``mooncake`` key: TTFT,
+TBT, prefix tokens reused, which workers served it.
+
+Errors are ``{"error": {"message", "type", "param", "code"}}`` (``code`` is the HTTP status) with
+400 (a field wrong or unknown, invalid JSON, temperature other than 0, n other than 1, a prompt
+too long for the KV cache...), 404 (no such route), 413 (a body over ``http_max_body``), 429 +
+Retry-After (early rejection, with the policy's ``reason``), 502 (a worker failed
 mid-request), 503 (no workers) or 504 (request_timeout). A failure after a stream began is sent
-as a last event ``data: {"error": ...}``. Responses close the connection (HTTP/1.0), which also
-ends an event stream without chunked encoding.
+as a last event ``data: {"error": ...}``, without ``[DONE]``.
 """
 
 from __future__ import annotations
 
-import codecs
+import asyncio
 import json
 import logging
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 from typing import Any
 
-from daemons.model import ByteTokenizer
-from daemons.serving.completion_request import parse_completion
-from daemons.serving.errors import BadRequest, Rejected, ServingError
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from daemons.model import Tokenizer
+from daemons.serving.completion_request import (ChatBody, CompletionBody, CompletionRequest, chat_request,
+                                                completion_request)
+from daemons.serving.errors import Rejected, ServingError
+from daemons.serving.request_thread import RequestThread
 from daemons.serving.service import ServingService
 from daemons.serving.state import Flight
+from daemons.serving.text_stream import Piece, TextStream
 
 log = logging.getLogger(__name__)
 
-DRAIN_FACTOR = 16  # an oversized body up to this many times the limit is read and dropped
+RANDOM_MODEL_ID = "mooncake-random"
 
 
-class FrontEnd(ThreadingHTTPServer):
-    daemon_threads = True
+def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: int, model_id: str,
+              max_body: int, default_max_tokens: int, *, read_timeout: float) -> ASGIApp:
+    """The ASGI application; :class:`daemons.serving.http_server.HttpServer` serves it."""
+    # No /docs pages: they load their scripts from a CDN. The OpenAPI schema stays at /openapi.json.
+    app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None, max_body_size=max_body)
+    api = OpenAiApi(service, tokenizer, vocab_size, model_id, default_max_tokens)
+    app.post("/v1/completions")(api.completions)
+    app.post("/v1/chat/completions")(api.chat_completions)
+    app.get("/v1/models")(api.models)
+    app.get("/health")(api.health)
+    app.get("/metrics")(api.metrics)
 
-    def __init__(self, host: str, port: int, service: ServingService, tokenizer: ByteTokenizer | None,
-                 vocab_size: int, max_body: int, default_max_tokens: int) -> None:
+    @app.exception_handler(ServingError)
+    async def serving_error(request: Request, exc: ServingError) -> JSONResponse:
+        return _serving_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc.errors())
+        return error_response(400, message, "bad_request", param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+        elif exc.status_code == 413:
+            return _too_large(max_body)
+        else:
+            message = str(exc.detail)
+        kind = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+        return error_response(exc.status_code, message, kind, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # Logged by uvicorn with its traceback; the client still gets an answer it can read.
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
+
+    return _RefuseDeclaredOversize(_BodyReadTimeout(app, read_timeout), max_body)
+
+
+class _BodyReadTimeout:
+    """Each read of the request body waits at most ``timeout``: uvicorn has no read timeout of its
+    own, so a client that sends a Content-Length and then trickles (or nothing) held a connection
+    and its task for as long as it liked. Past it the app is told the client left (so it gives
+    up on the body) and the client gets 408, and the connection is closed."""
+
+    def __init__(self, app: ASGIApp, timeout: float) -> None:
+        self.app, self.timeout = app, timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = timed_out = False
+
+        async def timed_receive() -> Message:
+            # Only while the body comes: afterwards a stream awaits receive() for the client's
+            # disconnect, which may rightly take as long as the answer does.
+            nonlocal body_done, timed_out
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except TimeoutError:
+                body_done = timed_out = True
+                await error_response(408, f"no part of the body came for {self.timeout:g}s (http_read_timeout)",
+                                     "request_timeout", headers={"Connection": "close"})(scope, receive, send)
+                return {"type": "http.disconnect"}
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def send_unless_answered(message: Message) -> None:
+            if not timed_out:  # the app's answer to a body it never got: the 408 went instead
+                await send(message)
+
+        await self.app(scope, timed_receive, send_unless_answered)
+
+
+class _RefuseDeclaredOversize:
+    """Answers a body whose Content-Length is over the limit at once, in our error shape. FastAPI's
+    ``max_body_size`` counts the bytes of every other body (chunked ones) and raises through our
+    handler, but for a declared one it replaces whatever the app answers with plain text."""
+
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = Headers(scope=scope).get("content-length", "")
+            if length.isdigit() and int(length) > self.max_body:
+                await _too_large(self.max_body)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _too_large(max_body: int) -> JSONResponse:
+    return error_response(413, f"the body is over the limit of {max_body} bytes (http_max_body)",
+                          "content_too_large")
+
+
+class OpenAiApi:
+    def __init__(self, service: ServingService, tokenizer: Tokenizer | None, vocab_size: int, model_id: str,
+                 default_max_tokens: int) -> None:
         self.service, self.tokenizer, self.vocab_size = service, tokenizer, vocab_size
-        self.max_body, self.default_max_tokens = max_body, default_max_tokens
-        super().__init__((host, port), Handler)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: FrontEnd
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def send_response(self, code: int, message: str | None = None) -> None:
-        self.responded = True
-        super().send_response(code, message)
-
-    def do_GET(self) -> None:
-        self._guarded(self._get)
-
-    def do_POST(self) -> None:
-        self._guarded(self._post)
-
-    def _guarded(self, route: Any) -> None:
-        """Run a route so that an unexpected error still answers 500 with its message, instead
-        of the server dropping the connection with no response at all."""
-        self.responded = False
-        try:
-            route()
-        except OSError:
-            raise  # the client went away; there is nobody to answer
-        except Exception as exc:
-            log.exception("%s %s failed", self.command, self.path)
-            if not self.responded:
-                self._json(500, _error_body(f"internal error: {type(exc).__name__}: {exc}", "internal", 500))
+        self.model_id, self.default_max_tokens = model_id, default_max_tokens
+        self.created = int(time.time())
 
     # -- routes --------------------------------------------------------------------------------
 
-    def _get(self) -> None:
-        if self.path == "/metrics":
-            text = self.server.service.metrics.render(self.server.service.gauges)
-            self._send(200, text.encode(), "text/plain; version=0.0.4")
-        elif self.path == "/health":
-            workers = self.server.service.worker_counts()
-            self._json(200 if all(workers.values()) else 503, {"ok": all(workers.values()), "workers": workers})
-        else:
-            self._json(404, _error_body(f"no route GET {self.path}", "not_found", 404))
+    async def completions(self, body: CompletionBody) -> Response:
+        run = self._start(lambda: completion_request(body, self.tokenizer, self.vocab_size, self.default_max_tokens),
+                          body.stop_strings)
+        flight = await run.submit()
+        head = {"id": flight.request_id, "object": "text_completion", "model": self.model_id}
+        if body.stream:
+            return _event_stream(self._completion_chunks(run, flight, head, body.include_usage))
+        pieces = [piece async for piece in run.pieces()]
+        choice = {"index": 0, "text": "".join(p.text for p in pieces), "token_ids": [p.token for p in pieces],
+                  "logprobs": None, "finish_reason": pieces[-1].finish_reason}
+        return JSONResponse({**head, "created": int(time.time()), "choices": [choice],
+                             "usage": _usage(flight.request, len(pieces)), "mooncake": self.service.summary(flight)})
 
-    def _post(self) -> None:
-        if self.path != "/v1/completions":
-            self._json(404, _error_body(f"no route POST {self.path}", "not_found", 404))
-            return
-        try:
-            request = parse_completion(self._body(), self.server.tokenizer, self.server.vocab_size,
-                                       self.server.default_max_tokens)
-            flight = self.server.service.submit(request)
-        except ServingError as exc:
-            self._fail(exc)
-            return
-        if request.stream:
-            self._stream(flight)
-        else:
-            self._complete(flight)
+    async def chat_completions(self, body: ChatBody) -> Response:
+        run = self._start(lambda: chat_request(body, self.tokenizer, self.default_max_tokens), body.stop_strings)
+        flight = await run.submit()
+        head = {"id": f"chat{flight.request_id}", "object": "chat.completion", "model": self.model_id}
+        if body.stream:
+            return _event_stream(self._chat_chunks(run, flight, head | {"object": "chat.completion.chunk"},
+                                                   body.include_usage))
+        pieces = [piece async for piece in run.pieces()]
+        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(p.text for p in pieces)},
+                  "logprobs": None, "finish_reason": pieces[-1].finish_reason}
+        return JSONResponse({**head, "created": int(time.time()), "choices": [choice],
+                             "usage": _usage(flight.request, len(pieces)), "mooncake": self.service.summary(flight)})
 
-    # -- completions ---------------------------------------------------------------------------
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
+                                            "owned_by": "mooncake"}]}
 
-    def _complete(self, flight: Flight) -> None:
-        finish = None
-        try:
-            for _, finish in self.server.service.generate(flight):  # noqa: B007 (the last one is the reason)
-                pass
-        except ServingError as exc:
-            self._fail(exc)
-            return
-        body = self._chunk(flight, self._text(flight.token_ids), flight.token_ids, finish, final=True)
-        body["object"] = "text_completion"
-        self._json(200, body)
+    async def health(self) -> JSONResponse:
+        health = self.service.health(time.monotonic())
+        return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
-    def _stream(self, flight: Flight) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
-        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        tokens = self.server.service.generate(flight)
-        try:
-            for token, finish in tokens:
-                piece = text.decode(bytes([token]) if self._is_byte(token) else b"", final=finish is not None)
-                self._event(self._chunk(flight, piece, [token], finish, final=finish is not None))
-            self._event("[DONE]")
-        except ServingError as exc:
-            self._event(_error_body(exc.message, exc.name.lower(), exc.http_status))
-        except OSError:  # the client went away: closing the generator cancels the request
-            tokens.close()
+    async def metrics(self) -> Response:
+        metrics = self.service.metrics
+        return Response(metrics.exposition(), media_type=metrics.content_type)
 
-    def _chunk(self, flight: Flight, text: str, token_ids: list[int], finish: str | None,
-               final: bool) -> dict:
-        chunk: dict[str, Any] = {
-            "id": flight.request_id, "object": "text_completion.chunk", "created": int(time.time()),
-            "choices": [{"index": 0, "text": text, "token_ids": token_ids, "finish_reason": finish}],
-        }
-        if final:
-            prompt = len(flight.request.token_ids)
-            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": len(flight.token_ids),
-                              "total_tokens": prompt + len(flight.token_ids)}
-            chunk["mooncake"] = self.server.service.summary(flight)
+    # -- streams -------------------------------------------------------------------------------
+
+    def _start(self, prepare: Callable[[], CompletionRequest], stop: list[str]) -> RequestThread:
+        tokenizer = self.tokenizer
+        text = TextStream(tokenizer.detokenizer() if tokenizer else None, stop,
+                          tokenizer.stop_token_ids if tokenizer else frozenset())
+        return RequestThread(self.service, prepare, text)
+
+    async def _completion_chunks(self, run: RequestThread, flight: Flight, head: dict,
+                                 include_usage: bool) -> AsyncIterator[dict]:
+        count = 0
+        async for piece in run.pieces():
+            count += 1
+            choice = {"index": 0, "text": piece.text, "token_ids": [piece.token], "logprobs": None,
+                      "finish_reason": piece.finish_reason}
+            yield self._chunk(head, choice, flight, piece)
+        if include_usage:
+            yield {**head, "created": int(time.time()), "choices": [], "usage": _usage(flight.request, count)}
+
+    async def _chat_chunks(self, run: RequestThread, flight: Flight, head: dict,
+                           include_usage: bool) -> AsyncIterator[dict]:
+        yield {**head, "created": int(time.time()),
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}]}
+        count = 0
+        async for piece in run.pieces():
+            count += 1
+            if piece.text or piece.finish_reason is not None:
+                choice = {"index": 0, "delta": {"content": piece.text} if piece.text else {}, "logprobs": None,
+                          "finish_reason": piece.finish_reason}
+                yield self._chunk(head, choice, flight, piece)
+        if include_usage:
+            yield {**head, "created": int(time.time()), "choices": [], "usage": _usage(flight.request, count)}
+
+    def _chunk(self, head: dict, choice: dict, flight: Flight, piece: Piece) -> dict:
+        chunk = {**head, "created": int(time.time()), "choices": [choice]}
+        if piece.finish_reason is not None:
+            chunk["mooncake"] = self.service.summary(flight)
         return chunk
 
-    def _is_byte(self, token: int) -> bool:
-        return self.server.tokenizer is not None and token < 256
 
-    def _text(self, token_ids: list[int]) -> str:
-        return self.server.tokenizer.decode(token_ids) if self.server.tokenizer else ""
+def _event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk)}\n\n"
+        except ServingError as exc:
+            yield f"data: {json.dumps(_error_body(exc.message, exc.name.lower(), exc.http_status))}\n\n"
+            return
+        except Exception as exc:  # a bug: the client still learns the stream ended in an error
+            log.exception("a stream failed")
+            error = _error_body(f"internal error: {type(exc).__name__}: {exc}", "internal", 500)
+            yield f"data: {json.dumps(error)}\n\n"
+            return
+        yield "data: [DONE]\n\n"
 
-    # -- plumbing ------------------------------------------------------------------------------
-
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise BadRequest("a Content-Length header is required")
-        size, limit = int(length), self.server.max_body
-        if size > limit:
-            if size <= DRAIN_FACTOR * limit:
-                # Read what the client is sending: closing on unread bytes resets the connection,
-                # and the client would see the reset instead of this answer.
-                left = size
-                while left > 0 and (piece := self.rfile.read(min(1 << 16, left))):
-                    left -= len(piece)
-            raise BadRequest(f"the body has {size} bytes; the limit is {limit} (http_max_body)")
-        return self.rfile.read(size)
-
-    def _fail(self, exc: ServingError) -> None:
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Rejected) else {}
-        body = _error_body(exc.message, exc.name.lower(), exc.http_status)
-        if isinstance(exc, Rejected):
-            body["error"]["reason"] = exc.reason
-        self._json(exc.http_status, body, headers)
-
-    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(body).encode(), "application/json", headers)
-
-    def _send(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _event(self, payload: Any) -> None:
-        data = payload if isinstance(payload, str) else json.dumps(payload)
-        self.wfile.write(f"data: {data}\n\n".encode())
-        self.wfile.flush()
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _error_body(message: str, kind: str, status: int) -> dict:
-    return {"error": {"message": message, "type": kind, "code": status}}
+def _usage(request: CompletionRequest, completion_tokens: int) -> dict:
+    prompt = len(request.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens}
+
+
+def _serving_error(exc: ServingError) -> JSONResponse:
+    if isinstance(exc, Rejected):
+        return error_response(exc.http_status, exc.message, exc.name.lower(), reason=exc.reason,
+                              headers={"Retry-After": str(exc.retry_after)})
+    return error_response(exc.http_status, exc.message, exc.name.lower())
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One line for the client out of pydantic's errors, and the field they are about."""
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    if first["loc"] == ("body",):
+        if isinstance(first.get("input"), bytes | str):
+            return "the body must be JSON, sent with Content-Type: application/json", None
+        return "the body must be a JSON object", None
+    unknown = [e["loc"][1] for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 2]
+    if unknown:
+        return f"unknown field(s): {', '.join(map(str, unknown))}", str(unknown[0])
+    field = str(first["loc"][1]) if len(first["loc"]) > 1 else None
+    # A union reports one error per member (each under the member's tag, "str", "list[int]"...):
+    # say where each one is (messages.0.content) and what it says, once.
+    said = dict.fromkeys(f"{_path(e['loc'])}: {e['ctx']['error'] if e['type'] == 'value_error' else e['msg']}"
+                         for e in errors if e["loc"][:2] == first["loc"][:2])
+    return "; ".join(said), field
+
+
+def _path(loc: tuple) -> str:
+    """``messages.0.content`` of pydantic's ``("body", "messages", 0, "content")``, without the
+    tags a union puts in (they name a type: "str", "list[int]", "constrained-str")."""
+    return ".".join(str(part) for part in loc[1:]
+                    if not (isinstance(part, str) and (part in ("str", "int") or any(c in part for c in "[-"))))
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None,
+                   headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    body = _error_body(message, kind, status, param)
+    body["error"].update(extra)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _error_body(message: str, kind: str, status: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -46,7 +46,8 @@ import time
 import uuid
 from dataclasses import asdict
 from typing import Any
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Generator, Iterator
 
 from daemons.model import KVCacheFull
 from daemons.serving.completion_request import CompletionRequest
@@ -68,6 +69,9 @@ from transfer.settings import Config
 
 log = logging.getLogger(__name__)
 
+DEGRADED_AFTER = 10  # requests in a row all rejected: /health says degraded
+DEGRADED_WINDOW_S = 60.0  # ... among those of the last minute
+
 
 class ServingService:
     def __init__(self, config: Config) -> None:
@@ -78,8 +82,9 @@ class ServingService:
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.flights: dict[str, Flight] = {}
-        self.metrics = ServingMetrics()
+        self.metrics = ServingMetrics(self.gauges)
         self.call_timeout = min(config.rpc_timeout, 2.0)
+        self.admissions: deque[tuple[float, bool]] = deque(maxlen=64)  # (when, accepted) per request
 
     # -- worker reports (RPC handlers) -------------------------------------------------------
 
@@ -189,12 +194,13 @@ class ServingService:
                 decision = self.conductor.schedule(wanted, now)
             except NoInstances as exc:
                 raise NoWorkers(f"no workers to serve the request: {exc.message}") from None
+            self.admissions.append((now, decision.accepted))
             if not decision.accepted:
-                self.metrics.count("mooncake_rejections_total", reason=decision.reason)
+                self.metrics.rejections.labels(reason=decision.reason).inc()
                 raise Rejected(f"rejected early ({decision.reason}): predicted TTFT "
                                f"{decision.predicted_ttft:.3f}s, decode load {decision.decode_load:.2f}",
                                decision.reason, max(1, math.ceil(decision.predicted_queue)))
-            self.metrics.count("mooncake_decisions_total", reason=decision.reason)
+            self.metrics.decisions.labels(reason=decision.reason).inc()
             flight = Flight(request_id, request, keys, decision, now, now + self.config.request_timeout)
             self.flights[request_id] = flight
             prefill, decode = self.workers[decision.prefill_id], self.workers[decision.decode_id]
@@ -216,7 +222,7 @@ class ServingService:
                 deadline_s=max(0.0, flight.deadline - time.monotonic())).to_wire())
         except KVCacheFull as exc:
             self._finish(flight)
-            self.metrics.count("mooncake_rejections_total", reason="kv_cache_full")
+            self.metrics.rejections.labels(reason="kv_cache_full").inc()
             raise Rejected(f"rejected: decode worker {decode.name} has no room ({exc.message})",
                            "kv_cache_full") from None
         except MooncakeError as exc:
@@ -252,7 +258,7 @@ class ServingService:
                 token, finish = self._next(flight, "token")
                 now = time.monotonic()
                 flight.gaps.append(now - last)
-                self.metrics.observe_tbt(now - last)
+                self.metrics.tbt.observe(now - last)
                 last = now
                 if token is None:
                     raise GenerationFailed(f"decode on {flight.decision.decode_id} ended: {finish}")
@@ -261,6 +267,18 @@ class ServingService:
             flight.completed = True
         finally:
             self._finish(flight)
+
+    def stop(self, flight: Flight, tokens: Generator) -> None:
+        """End a request whose client has all it asked for (its stop string or stop token came
+        before the worker's own end), from the thread iterating ``tokens``: it counts as completed,
+        and its decode pages are freed (decode.release also takes it out of the batch)."""
+        flight.stopped = True
+        tokens.close()
+
+    def cancel(self, flight: Flight, why: str) -> None:
+        """End a request from any thread (its client went away): the thread iterating its tokens
+        gets GenerationFailed(why) at once instead of waiting for the next token."""
+        flight.events.put(("error", why))
 
     def _prefilled(self, flight: Flight, report: PrefillReport) -> int:
         """Book the finished prefill with the policy and admit the request to decode."""
@@ -274,13 +292,13 @@ class ServingService:
             self.conductor.observe_prefill(len(flight.request.token_ids), report.loaded_blocks * size,
                                            timings.compute, decision.prefill_id)
             admitted = self.conductor.admit_decode(flight.request_id, now)
-        self.metrics.observe_ttft(flight.ttft)
-        self.metrics.count("mooncake_prompt_tokens_total", len(flight.request.token_ids))
-        self.metrics.count("mooncake_prefix_hit_tokens_total", report.loaded_blocks * size)
-        self.metrics.count("mooncake_replicated_blocks_total", report.replicated_blocks or 0)
+        self.metrics.ttft.observe(flight.ttft)
+        self.metrics.prompt_tokens.inc(len(flight.request.token_ids))
+        self.metrics.prefix_hit_tokens.inc(report.loaded_blocks * size)
+        self.metrics.replicated_blocks.inc(report.replicated_blocks or 0)
         if admitted != decision.decode_id:
             # The KV sits in the planned instance's pages; elsewhere it would have to move again.
-            self.metrics.count("mooncake_rejections_total", reason=REJECT_DECODE)
+            self.metrics.rejections.labels(reason=REJECT_DECODE).inc()
             raise Rejected(f"rejected after prefill: decode worker {decision.decode_id} is full", REJECT_DECODE)
         return report.first_token
 
@@ -317,7 +335,7 @@ class ServingService:
             flight.orphaned = not flight.completed and not free_now and flight.reservation is not None
             if not flight.orphaned:
                 self.flights.pop(rid, None)
-        self.metrics.count("mooncake_requests_total", outcome="completed" if flight.completed else "failed")
+        self.metrics.requests.labels(outcome="completed" if flight.completed or flight.stopped else "failed").inc()
         if free_now and flight.reservation is not None:
             self._release_pages(flight)
 
@@ -387,6 +405,18 @@ class ServingService:
         for role, count in self.worker_counts().items():
             values[series("mooncake_workers", role=role)] = count
         return values
+
+    def health(self, now: float) -> dict[str, Any]:
+        """``status``: "unavailable" without a prefill and a decode worker; "degraded" when the
+        last ``DEGRADED_AFTER`` requests of the last minute were all rejected (a predictor that
+        rejects everything serves nobody, though every worker answers); else "ok"."""
+        workers = self.worker_counts()
+        with self.lock:
+            recent = [accepted for when, accepted in self.admissions if now - when <= DEGRADED_WINDOW_S]
+        rejecting = len(recent) >= DEGRADED_AFTER and not any(recent[-DEGRADED_AFTER:])
+        status = "unavailable" if not all(workers.values()) else "degraded" if rejecting else "ok"
+        return {"ok": status == "ok", "status": status, "workers": workers,
+                "recent_requests": len(recent), "recent_rejected": recent.count(False)}
 
     def worker_counts(self) -> dict[str, int]:
         """Live workers per role, prefill and decode."""

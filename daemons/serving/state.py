@@ -40,6 +40,7 @@ class Flight:
     prefill_reported: bool = False
     decode_started: bool = False
     completed: bool = False
+    stopped: bool = False  # ended early by the client's stop string or token (ServingService.stop)
     orphaned: bool = False
     report: PrefillReport | None = None
     token_ids: list[int] = field(default_factory=list)

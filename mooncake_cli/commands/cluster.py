@@ -125,7 +125,33 @@ def down(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, c
         stderr.print(f"killed after the grace period: {', '.join(outcome['killed'])}", highlight=False)
 
 
+@settings_options("cluster")
+def restart(
+    name: str = typer.Argument(..., help="The daemon's name (as `mooncake status` lists it) or its role "
+                                         "when only one daemon has it (master, conductor)."),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+    *,
+    config: Config,
+) -> None:
+    """Restart one daemon of the running cluster: stop it (SIGTERM, SIGKILL after --stop-grace) if
+    it runs, then start it again on its old control port, in the same cluster.
+
+    The other daemons keep running and find it again by themselves; cluster.json keeps the
+    cluster id and every other daemon's row. Exit code 0 once it answers health checks.
+    """
+    from daemons import supervisor  # here for start-up time, as in up()
+
+    try:
+        record = supervisor.restart_daemon(ClusterPaths.of(config.workdir), name, config)
+    except DaemonStartFailed as exc:
+        fail_to_start(exc)
+    except MooncakeError as exc:
+        fail_on(exc)
+    emit(record, json_output, lambda r: f"{r['name']} restarted: pid {r['pid']}, serving on {r['address']}")
+
+
 def register(root: typer.Typer) -> None:
     root.command("up")(up)
     root.command("status")(status)
+    root.command("restart")(restart)
     root.command("down")(down)

@@ -146,3 +146,19 @@ def test_a_master_restarted_with_start_keeps_the_cluster_and_down_stops_it_last(
     outcome = mooncake.json("down")
     assert outcome["killed"] == []
     assert not list(SHM.glob(f"mooncake-{cluster['cluster_id']}-*"))
+
+
+def test_restart_brings_a_daemon_back_on_its_port_in_the_same_cluster(mooncake):
+    cluster = mooncake.json("up")
+    client = cluster["daemons"][1]
+    restarted = mooncake.json("restart", client["name"])
+    assert restarted["address"] == client["address"] and restarted["pid"] != client["pid"]
+    assert not psutil.pid_exists(client["pid"]) or psutil.Process(client["pid"]).status() == psutil.STATUS_ZOMBIE
+    master = mooncake.json("restart", "master")  # a role with one daemon names it
+    record = json.loads((mooncake.workdir / "cluster.json").read_text())
+    assert record["cluster_id"] == cluster["cluster_id"]
+    assert [(d["name"], d["pid"]) for d in record["daemons"]] == [("master", master["pid"]),
+                                                                  (client["name"], restarted["pid"])]
+    wait_until(lambda: mooncake("status").returncode == 0, timeout=15)
+    unknown = mooncake("restart", "nobody")
+    assert unknown.returncode != 0 and b"no daemon named 'nobody'" in unknown.stderr

@@ -157,6 +157,8 @@ def test_every_daemon_answers_every_malformed_frame_and_stays_small(cluster, tra
         assert not handler_failed, f"{name}: unexpected exceptions in handlers: {handler_failed[:5]}"
         assert process.is_running() and process.status() != psutil.STATUS_ZOMBIE
         growth = process.memory_info().rss - rss_before
+        print(f"{name} {transport}: {FRAMES} frames, RSS {rss_before / 2**20:.1f} -> "
+              f"{(rss_before + growth) / 2**20:.1f} MiB")  # shown with -s: the soak's figures
         assert growth < RSS_BUDGET, f"{name} grew by {growth / 2**20:.1f} MiB over {FRAMES} frames"
     status = json.loads(runner("status", "--json").stdout)
     assert status["healthy"], status

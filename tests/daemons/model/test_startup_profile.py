@@ -7,6 +7,7 @@ from daemons.model import KVCacheLayout, ModelConfig, random_model
 from daemons.serving.messages import WorkerCalibration
 from daemons.workers.calibration import MIN_SHAPES, calibrate, fit_decode, fit_prefill, kv_bytes_per_token, \
     profile_decode, profile_prefill
+from transfer.errors import InvalidArgument
 
 
 @pytest.fixture(scope="module")
@@ -47,5 +48,5 @@ def test_calibration_travels_and_zero_budget_measures_nothing(model):
     decode = calibrate("decode", model, layout, 5.0)
     assert decode.tbt_coef is not None and decode.prefill_coef is None and decode.transfer_bandwidth is None
     assert WorkerCalibration.from_wire(decode.to_wire()) == decode
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument, match="tbt_coef needs 3 coefficients"):
         WorkerCalibration.from_wire({"kv_bytes_per_token": 1, "tbt_coef": [1.0]})

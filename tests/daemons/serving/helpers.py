@@ -19,6 +19,8 @@ SERVING_ENV = {
     "MOONCAKE_PREFILL_WORKERS": "2", "MOONCAKE_DECODE_WORKERS": "2", "MOONCAKE_KV_BLOCK_TOKENS": "32",
     "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB", "MOONCAKE_WORKER_TIMEOUT": "1s",
     "MOONCAKE_REQUEST_TIMEOUT": "30s", "MOONCAKE_HTTP_MAX_BODY": "64KiB",
+    # Shorter than many streams here: the body read timeout must not cut a stream's answer.
+    "MOONCAKE_HTTP_READ_TIMEOUT": "1s",
     # Each worker imports torch and builds its model before it answers: on a loaded 2-core
     # machine a prefill group's stages took longer than the 20 s default to come up.
     "MOONCAKE_START_TIMEOUT": "90s",
@@ -46,14 +48,19 @@ class Reference:
         return generate_reference(self.model, prompt_tokens, max_tokens)
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def request(url: str, method: str, path: str, body: bytes | None = None,
-            headers: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+            headers: dict | None = None, timeout: float = 30) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One HTTP call (status, headers looked up case-insensitively, body); a body is sent as JSON
+    unless ``headers`` say otherwise."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        connection.request(method, path, body, headers or {})
+        connection.request(method, path, body, JSON if headers is None and body is not None else headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, response.headers, response.read()
     finally:
         connection.close()
 
@@ -89,7 +96,7 @@ def sse_events(url: str, body: dict, timeout: float):
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode())
+        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode(), JSON)
         response = connection.getresponse()
         assert response.status == 200, response.read()
         for line in response:

@@ -64,9 +64,15 @@ def test_cold_prompts_match_the_reference(cluster, reference, length):
 
 @pytest.mark.parametrize("tail", [CHUNK + 9, 10])  # pipelined after the prefix; stage 0 alone
 def test_a_prefix_loaded_by_every_stage_gives_the_same_tokens(cluster, reference, tail):
-    _, url, _ = cluster
+    _, url, info = cluster
+    group = next(d["name"] for d in info["daemons"] if d["role"] == "prefill")
+    conductor = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
     shared = prompt(4 * BLOCK + 3, seed=tail)
     complete(url, prompt=shared + prompt(2 * CHUNK, seed=tail + 1)[1:], max_tokens=1)
+    # The group puts the blocks after its report, and the index learns them from the master's
+    # events: on a loaded machine the next request could be scheduled before either.
+    with RpcClient(conductor) as client:
+        wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, BLOCK)], [group])
     second = shared + prompt(tail, seed=tail + 2)[1:]
     answer = complete(url, prompt=second, max_tokens=6)
     assert answer["mooncake"]["prefix_tokens"] == 4 * BLOCK

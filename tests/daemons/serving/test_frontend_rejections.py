@@ -7,12 +7,13 @@ and a real front end on loopback are all these need.
 from __future__ import annotations
 
 import json
-import threading
+import socket
 
 import pytest
 
 from daemons.model import ByteTokenizer
-from daemons.serving.http_frontend import FrontEnd
+from daemons.serving.http_frontend import build_app
+from daemons.serving.http_server import HttpServer
 from daemons.serving.messages import WorkerCalibration
 from daemons.serving.service import ServingService
 from tests.daemons.serving.helpers import metric, request
@@ -27,15 +28,15 @@ def frontend():
 
     def start(**settings) -> tuple[str, ServingService]:
         service = ServingService(resolve(settings, environ={}))
-        server = FrontEnd("127.0.0.1", 0, service, ByteTokenizer(), 259, 2**16, 4)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        app = build_app(service, ByteTokenizer(), 259, "mooncake-random", 2**16, 4,
+                        read_timeout=service.config.http_read_timeout)
+        server = HttpServer(app, "127.0.0.1", 0, grace=1.0).start(timeout=10)
         started.append(server)
         return server.url, service
 
     yield start
     for server in started:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def _join(service: ServingService, name: str, role: str) -> None:
@@ -60,6 +61,20 @@ def test_a_request_predicted_to_miss_the_ttft_slo_is_rejected_early_with_retry_a
     assert error["reason"] == "reject_ttft" and "predicted TTFT" in error["message"]
     assert metric(url, "mooncake_rejections_total", reason="reject_ttft") == 1
     assert not service.flights and not service.conductor.inflight  # nothing left behind
+    assert json.loads(request(url, "GET", "/health")[2])["status"] == "ok"  # one rejection is policy
+
+
+def test_health_says_degraded_while_the_conductor_rejects_everything(frontend):
+    # Forged decode steps once pinned the TBT model so that every request was rejected for
+    # minutes while /health said ok.
+    url, service = frontend(ttft_slo="1ms")
+    _join(service, "prefill-0", "prefill")
+    _join(service, "decode-0", "decode")
+    for _ in range(10):
+        assert request(url, "POST", "/v1/completions", b'{"prompt": "' + b"x" * 2000 + b'"}')[0] == 429
+    status, _, data = request(url, "GET", "/health")
+    assert status == 503 and json.loads(data)["status"] == "degraded"
+    assert json.loads(data)["recent_rejected"] == 10
 
 
 def test_an_unexpected_error_answers_500_and_the_front_end_keeps_serving(frontend, monkeypatch):
@@ -86,3 +101,21 @@ def test_a_workers_calibration_is_planned_with_and_a_bad_one_refused(frontend):
     assert metric(url, "mooncake_cost_transfer_bandwidth_bytes") == 3e8
     assert metric(url, "mooncake_cost_prefill_seconds", term="per_token") == 2e-4
     assert service.conductor.prefill_model.predict(1000, 0) == pytest.approx(0.001 + 0.2 + 1e-7 * 1000 * 1000 / 2)
+
+
+def test_malformed_bodies_are_400_and_a_slow_body_is_408(frontend):
+    """Tried as an attacker: 61 of 300 malformed bodies got 500 (a lone surrogate reached the
+    tokenizer), and 40 clients trickling their bodies held the front end's connections."""
+    url, _ = frontend(http_read_timeout="500ms")
+    for body in (b'{"prompt": "\\ud800"}', b'{"prompt": "a\\udfff b"}', b"[" * 5000 + b"]" * 5000,
+                 b'{"prompt": "\xff\xfe"}', b'{"prompt": "hi", "max_tokens": NaN}',
+                 b'{"messages": [{"role": "user", "content": "\\udc00"}]}'):
+        path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+        status, _, data = request(url, "POST", path, body)
+        assert status == 400 and json.loads(data)["error"]["code"] == 400, (body[:40], status, data[:200])
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        answer = slow.recv(4096)  # within the read timeout, not whenever the client pleases
+        assert answer.startswith(b"HTTP/1.1 408") and b"http_read_timeout" in answer

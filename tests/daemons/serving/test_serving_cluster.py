@@ -1,6 +1,6 @@
 """P/D-disaggregated generation on a real cluster: 2 prefill + 2 decode workers, store, conductor.
 
-One cluster serves the whole module (a torch worker takes seconds to start); the fault tests,
+The cluster (pd_cluster, conftest.py) is shared with test_openai_api.py; the fault tests,
 which kill workers, come last.
 """
 
@@ -19,8 +19,7 @@ from daemons.model import KVCache, KVCacheLayout, ModelRunner, Sequence
 from daemons.workers.prefix_store import object_key
 from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.cache_index import POOL
-from tests.conftest import Mooncake
-from tests.daemons.serving.helpers import (BLOCK, SERVING_ENV, Reference, busy_instance, complete, metric, prompt,
+from tests.daemons.serving.helpers import (BLOCK, Reference, busy_instance, complete, metric, prompt,
                                            replica_segments, request, segments_of, sse_events, wait_until)
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
@@ -30,22 +29,12 @@ FAULT_DEADLINE = 10.0  # seconds from a kill to the client's error (worker_timeo
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    runner = Mooncake(tmp_path_factory.mktemp("serving") / "cluster")
-    runner.env.update(SERVING_ENV)
-    info = runner.json("up", timeout=120)
-    conductor = next(d for d in info["daemons"] if d["role"] == "conductor")
-    yield runner, conductor["http_address"], info
-    runner("down", timeout=60)
-
-
-@pytest.fixture(scope="module")
 def reference():
     return Reference()
 
 
-def test_cold_prompt_matches_the_one_process_reference(cluster, reference):
-    _, url, _ = cluster
+def test_cold_prompt_matches_the_one_process_reference(pd_cluster, reference):
+    _, url, _ = pd_cluster
     tokens = prompt(150, seed=1)
     answer = complete(url, prompt=tokens, max_tokens=12)
     assert answer["choices"][0]["token_ids"] == reference.tokens(tokens, 12)
@@ -54,8 +43,8 @@ def test_cold_prompt_matches_the_one_process_reference(cluster, reference):
     assert answer["usage"] == {"prompt_tokens": 150, "completion_tokens": 12, "total_tokens": 162}
 
 
-def test_the_conductor_plans_with_the_costs_the_workers_measured(cluster):
-    _, url, _ = cluster
+def test_the_conductor_plans_with_the_costs_the_workers_measured(pd_cluster):
+    _, url, _ = pd_cluster
     # KV per token from the served model's layout: 4 layers x (K, V) x 2 KV heads x 32 dims x 4 bytes.
     assert metric(url, "mooncake_cost_kv_bytes_per_token") == 2048
     # A measured pull and profiled prefill/decode costs, not the 70B-on-A800 defaults (one request
@@ -67,8 +56,8 @@ def test_the_conductor_plans_with_the_costs_the_workers_measured(cluster):
     assert tbt != [0.030, 0.0015, 1e-7] and any(tbt) and min(tbt) >= 0
 
 
-def test_shared_prefix_is_loaded_from_the_store_and_gives_the_same_tokens(cluster, reference):
-    _, url, _ = cluster
+def test_shared_prefix_is_loaded_from_the_store_and_gives_the_same_tokens(pd_cluster, reference):
+    _, url, _ = pd_cluster
     shared = prompt(4 * BLOCK + 10, seed=2)
     first, second = shared + prompt(40, seed=3)[1:], shared + prompt(55, seed=4)[1:]
     complete(url, prompt=first, max_tokens=4)
@@ -77,8 +66,8 @@ def test_shared_prefix_is_loaded_from_the_store_and_gives_the_same_tokens(cluste
     assert answer["choices"][0]["token_ids"] == reference.tokens(second, 10)
 
 
-def test_stored_kv_is_bitwise_equal_to_recomputed(cluster, reference):
-    runner, url, _ = cluster
+def test_stored_kv_is_bitwise_equal_to_recomputed(pd_cluster, reference):
+    runner, url, _ = pd_cluster
     tokens = prompt(3 * BLOCK + 5, seed=5)
     complete(url, prompt=tokens, max_tokens=1)
     layout = KVCacheLayout.for_model(reference.model.config, BLOCK, 8)
@@ -93,8 +82,8 @@ def test_stored_kv_is_bitwise_equal_to_recomputed(cluster, reference):
                 assert bytes(store.get(object_key(key, layer))) == kv.export_block(block, layer)
 
 
-def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(cluster, reference):
-    runner, url, _ = cluster
+def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(pd_cluster, reference):
+    runner, url, _ = pd_cluster
     shared = prompt(5 * BLOCK, seed=6)
     first = shared + prompt(30, seed=7)[1:]
     holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
@@ -112,7 +101,7 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     info = answer["mooncake"]
     # Where the index says the prefix is (from the master's KV events): the holder's own segment
     # when prefill workers announce one in their heartbeat, else the shared pool.
-    runner_info = cluster[2]
+    runner_info = pd_cluster[2]
     address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
     with RpcClient(address) as conductor:
         source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
@@ -131,8 +120,8 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(clus
     assert metric(url, "mooncake_replicated_blocks_total") >= 5
 
 
-def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(cluster, reference):
-    runner, url, _ = cluster
+def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(pd_cluster, reference):
+    runner, url, _ = pd_cluster
     shared = prompt(3 * BLOCK, seed=50)
     first, second = shared + prompt(20, seed=51)[1:], shared + prompt(25, seed=52)[1:]
     holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
@@ -149,8 +138,8 @@ def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(cluster, refe
     assert metric(url, "mooncake_decisions_total", reason="local_hit") >= 1
 
 
-def test_eight_concurrent_requests_each_match_the_reference(cluster, reference):
-    _, url, _ = cluster
+def test_eight_concurrent_requests_each_match_the_reference(pd_cluster, reference):
+    _, url, _ = pd_cluster
     shared = prompt(2 * BLOCK, seed=10)
     prompts = [(shared if i % 2 else [256]) + prompt(60 + 9 * i, seed=20 + i)[1:] for i in range(8)]
     answers: dict[int, dict] = {}
@@ -169,8 +158,8 @@ def test_eight_concurrent_requests_each_match_the_reference(cluster, reference):
     assert {a["mooncake"]["decode"] for a in answers.values()} == {"decode-0", "decode-1"}
 
 
-def test_streamed_text_and_the_generate_command(cluster, reference):
-    runner, url, _ = cluster
+def test_streamed_text_and_the_generate_command(pd_cluster, reference):
+    runner, url, _ = pd_cluster
     events = list(sse_events(url, {"prompt": "Hello, Mooncake!", "max_tokens": 6}, timeout=30))
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -193,17 +182,26 @@ def test_streamed_text_and_the_generate_command(cluster, reference):
     (b'{"prompt": [1, 999999]}', "token ids"),
     (b'{"prompt": "hi", "temperature": 0.7}', "greedy"),
     (b'{"prompt": "hi", "max_tokens": 100000}', "exceed"),
-    (b'{"prompt": "' + b"x" * (70 * 1024) + b'"}', "limit"),
 ], ids=["invalid-json", "not-an-object", "empty-text", "empty-ids", "negative-max-tokens", "unknown-field",
-        "token-out-of-range", "temperature", "too-long-for-kv", "oversized-body"])
-def test_bad_requests_get_400_with_a_message(cluster, body, message):
-    _, url, _ = cluster
+        "token-out-of-range", "temperature", "too-long-for-kv"])
+def test_bad_requests_get_400_with_a_message(pd_cluster, body, message):
+    _, url, _ = pd_cluster
     status, _, data = request(url, "POST", "/v1/completions", body)
     assert status == 400 and message in json.loads(data)["error"]["message"]
 
 
-def test_the_conductor_keeps_serving_and_reports_metrics(cluster):
-    _, url, _ = cluster
+@pytest.mark.parametrize("size", [70 * 1024, 16 * 2**20], ids=["just-over", "far-over"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_http_max_body_gets_413(pd_cluster, size, chunked):
+    _, url, _ = pd_cluster
+    body = b'{"prompt": "' + b"x" * size + b'"}'
+    # An iterable body goes with Transfer-Encoding: chunked, and no Content-Length to refuse it by.
+    status, _, data = request(url, "POST", "/v1/completions", iter([body]) if chunked else body)
+    assert status == 413 and "http_max_body" in json.loads(data)["error"]["message"]
+
+
+def test_the_conductor_keeps_serving_and_reports_metrics(pd_cluster):
+    _, url, _ = pd_cluster
     assert request(url, "GET", "/nowhere")[0] == 404
     status, _, data = request(url, "GET", "/health")
     assert status == 200 and json.loads(data)["workers"] == {"prefill": 2, "decode": 2}
@@ -213,10 +211,10 @@ def test_the_conductor_keeps_serving_and_reports_metrics(cluster):
     assert metric(url, "mooncake_workers", role="decode") == 2
 
 
-def test_the_conductor_index_forgets_what_the_store_removed(cluster):
+def test_the_conductor_index_forgets_what_the_store_removed(pd_cluster):
     """The index follows the master's KV events: a block goes from it as soon as one of its
     layers is removed from the store, and everything goes with remove_all."""
-    runner, url, info = cluster
+    runner, url, info = pd_cluster
     address = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
     tokens = prompt(3 * BLOCK + 5, seed=30)
     complete(url, prompt=tokens, max_tokens=1)
@@ -243,8 +241,8 @@ def _kill(info: dict, name: str) -> None:
     os.kill(next(d["pid"] for d in info["daemons"] if d["name"] == name), signal.SIGKILL)
 
 
-def test_killing_the_decode_worker_mid_request_fails_it_fast_and_the_other_serves(cluster, reference):
-    _, url, info = cluster
+def test_killing_the_decode_worker_mid_request_fails_it_fast_and_the_other_serves(pd_cluster, reference):
+    _, url, info = pd_cluster
     events = sse_events(url, {"prompt": prompt(40, seed=30), "max_tokens": 3000}, timeout=60)
     assert next(events)["choices"][0]["token_ids"]
     victim = busy_instance(url, "mooncake_decode_batch_size", ["decode-0", "decode-1"], time.monotonic() + 5)
@@ -259,8 +257,8 @@ def test_killing_the_decode_worker_mid_request_fails_it_fast_and_the_other_serve
     assert answer["choices"][0]["token_ids"] == reference.tokens(tokens, 6)
 
 
-def test_killing_a_prefill_worker_mid_request_fails_it_fast_and_the_other_serves(cluster, reference):
-    _, url, info = cluster
+def test_killing_a_prefill_worker_mid_request_fails_it_fast_and_the_other_serves(pd_cluster, reference):
+    _, url, info = pd_cluster
     outcome: dict = {}
 
     def long_prefill() -> None:

@@ -1,0 +1,68 @@
+"""uvicorn serving an ASGI application on a thread of its own, with its own event loop, inside a
+daemon whose main thread runs the RPC loop.
+
+The listening socket is bound here, before the thread starts: a port in use is a clear error in
+the caller (uvicorn would log it and exit the thread), and the port bound for ``http_port`` 0 is
+known at once. :meth:`HttpServer.close` asks uvicorn to stop as on SIGTERM: it stops accepting,
+lets requests in flight finish for ``grace`` seconds, then cancels them (their request threads
+are cancelled with them, see :mod:`daemons.serving.request_thread`), and closes the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from transfer.errors import SocketError
+
+log = logging.getLogger(__name__)
+
+JOIN_MARGIN = 5.0  # seconds past the grace for the loop to wind down before we stop waiting
+
+
+class HttpServer:
+    def __init__(self, app: Any, host: str, port: int, grace: float) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self.socket = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise SocketError(f"the HTTP front end cannot listen on {host}:{port} ({exc.strerror or exc}): "
+                              "choose another http_port, or 0 for any free one") from None
+        self.host, self.port = self.socket.getsockname()[:2]
+        self.grace = grace
+        # log_config None: the daemon's logging stays as it is; no access log (one line per request).
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", http="h11", loop="asyncio",
+            timeout_graceful_shutdown=grace))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float) -> HttpServer:
+        """Serve; returns once uvicorn accepts connections."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise SocketError(f"the HTTP front end did not start on {self.url} within {timeout:g}s "
+                                  "(see the log)")
+            time.sleep(0.01)
+        return self
+
+    def close(self) -> None:
+        """Stop serving and release the thread and the socket."""
+        self.server.should_exit = True
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout=self.grace + JOIN_MARGIN)
+        if self.thread.is_alive():
+            log.warning("the HTTP front end did not stop within %.1fs", self.grace + JOIN_MARGIN)
+        self.socket.close()
