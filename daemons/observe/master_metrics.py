@@ -159,35 +159,45 @@ class CountedOps:
 
 
 def store_families(store: Any) -> Iterator[Metric]:
-    """Capacity, usage, keys, clients and the state's counters of ``store`` (a StoreService)."""
+    """Capacity, usage, keys, clients and the state's counters of ``store`` (a StoreService).
+
+    Only what is O(1) or O(segments) is read under the store lock, which the RPC I/O thread
+    needs for every op; the objects are counted from a copy of the table's values, off the lock
+    (a scan of a million objects takes the better part of a second). An object changing during
+    the count is counted as it was or as it is, as a gauge sampled a moment earlier or later."""
     now = time.monotonic()
+    segments: dict[str, list[int]] = {}
     with store.lock:
         state = store.state
         capacity, used = state.capacity, state.used_bytes
-        segments = {s.spec.name: (s.allocator.capacity, s.allocator.num_used_bytes) for s in state.segments.values()}
-        objects = state.objects.values()
-        num_keys = len(state.objects)
-        num_soft_pinned = sum(1 for o in objects if o.soft_pin_deadline is not None and o.soft_pin_deadline > now)
-        num_hard_pinned = sum(1 for o in objects if o.hard_pinned)
-        num_processing = sum(1 for o in objects if not o.complete)
-        disk_bytes = sum(o.size for o in objects for r in o.replicas if not r.in_memory)
-        num_clients = len(state.clients)
+        # Summed by name, as Mooncake's QuerySegments does: two live stores of one process
+        # set up under the same name each mount a segment of that name.
+        for segment in state.segments.values():
+            total = segments.setdefault(segment.spec.name, [0, 0])
+            total[0] += segment.allocator.capacity
+            total[1] += segment.allocator.num_used_bytes
+        objects = list(state.objects.values())
+        num_segments, num_clients = len(state.segments), len(state.clients)
         num_offload_pending = len(state.offload_pending)
         stats = state.stats.as_dict()
+    num_soft_pinned = sum(1 for o in objects if o.soft_pin_deadline is not None and o.soft_pin_deadline > now)
+    num_hard_pinned = sum(1 for o in objects if o.hard_pinned)
+    num_processing = sum(1 for o in objects if not o.complete)
+    disk_bytes = sum(o.size for o in objects for r in o.replicas if not r.in_memory)
     yield gauge("master_total_capacity_bytes", "Total memory capacity across all mounted segments", capacity)
     yield gauge("master_allocated_bytes", "Total memory bytes currently allocated across all segments", used)
     yield labelled_gauge("segment_total_capacity_bytes", "Total memory capacity of the mounted segment",
                          "segment", {name: c for name, (c, _) in segments.items()})
     yield labelled_gauge("segment_allocated_bytes", "Total memory bytes currently allocated of the segment",
                          "segment", {name: u for name, (_, u) in segments.items()})
-    yield gauge("master_key_count", "Total number of keys managed by the master", num_keys)
+    yield gauge("master_key_count", "Total number of keys managed by the master", len(objects))
     yield gauge("master_soft_pin_key_count", "Total number of soft-pinned keys managed by the master",
                 num_soft_pinned)
     yield gauge("master_active_clients", "Total number of active clients", num_clients)
     yield gauge("mooncake_master_hard_pinned_key_count", "Keys pinned until removed (never evicted)",
                 num_hard_pinned)
     yield gauge("mooncake_master_processing_key_count", "Keys whose put has started and not ended", num_processing)
-    yield gauge("mooncake_master_segments", "Mounted memory segments", len(segments))
+    yield gauge("mooncake_master_segments", "Mounted memory segments", num_segments)
     yield gauge("mooncake_master_disk_replica_bytes", "Bytes of the disk replicas store clients' SSD tiers hold",
                 disk_bytes)
     yield gauge("mooncake_master_offload_pending", "Eviction victims handed to their owner to copy to disk first",
