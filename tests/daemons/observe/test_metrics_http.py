@@ -130,16 +130,19 @@ def test_master_and_store_client_series_follow_a_put_and_a_get(cluster):
 
     before, used_before, objects_before = samples(master), held(USED), held(OBJECTS)
     value = b"x" * 100_000
-    assert runner("put", "observed", "-", input=value).returncode == 0
+    assert runner("put", "observed", "-", "--soft-pin", input=value).returncode == 0
     assert runner("get", "observed").stdout == value
     assert runner("get", "never-put").returncode == 1
+    assert runner("rm", "never-put").returncode == 1
     after = samples(master)
 
     def grew(name: str, by: float | None = None) -> bool:
         delta = after.get(name, 0) - before.get(name, 0)
         return delta == by if by is not None else delta > 0
 
-    assert grew("master_key_count", 1) and grew("master_allocated_bytes")
+    assert grew("master_key_count", 1) and grew("master_allocated_bytes") and grew("master_soft_pin_key_count", 1)
+    assert grew("master_remove_requests_total", 1) and grew("master_remove_failures_total", 1)
+    assert grew('mooncake_master_failures_total{op="store.remove"}', 1)
     assert grew("master_batch_put_start_requests_total", 1) and grew("master_batch_put_end_requests_total", 1)
     assert grew("master_batch_get_replica_list_requests_total", 2)
     assert grew("master_batch_get_replica_list_failed_items_total", 1)  # never-put
