@@ -274,3 +274,11 @@ def test_metrics_port_0_serves_none(tmp_path):
         assert all(d["metrics_url"] is None for d in runner.json("status")["daemons"])
     finally:
         runner("down", timeout=60)
+
+
+def test_a_metrics_port_in_use_stops_a_master_with_the_reason(mooncake):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = mooncake("start", "master", "--rpc_port", "0", "--metrics-port", str(port))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}".encode() in result.stderr and b"metrics_port" in result.stderr
