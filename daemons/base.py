@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 
 from daemons.cluster.workdir import ClusterPaths, write_json_atomic
+from transfer.auth import cluster_secret
 from transfer.rpc.client_server import Reply, Request, RpcServer
 from transfer.settings import Config
 
@@ -49,6 +50,8 @@ class Daemon:
         self.cluster_id = cluster_id
         self.started_at = time.time()
         self.stop_requested = threading.Event()
+        # Its own server and every client it opens to other daemons require or present it.
+        self.secret = cluster_secret(config)
         self.server = RpcServer(
             # Port 0 picks a free one; a restarted daemon asks for its old port so peers'
             # sockets reconnect to it by themselves.
@@ -57,6 +60,7 @@ class Daemon:
             max_buffered_bytes=config.rpc_max_buffered_bytes,
             handler_threads=config.rpc_handler_threads,
             busy_poll=config.rpc_busy_poll,
+            secret=self.secret,
         )
         self.ipc_address = self._bind_ipc()
 

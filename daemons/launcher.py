@@ -29,6 +29,7 @@ import yaml
 from daemons.base import Daemon
 from daemons.cluster.workdir import ClusterPaths, read_json, write_json_atomic
 from daemons.errors import DaemonStartFailed
+from transfer.auth import ClusterSecret, cluster_secret
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import Config
@@ -120,7 +121,7 @@ def spawn(paths: ClusterPaths, name: str, command: list[str], env: dict[str, str
 
 
 def wait_healthy(paths: ClusterPaths, name: str, process: subprocess.Popen, deadline: float,
-                 rpc_timeout: float) -> dict[str, Any]:
+                 rpc_timeout: float, secret: ClusterSecret | None) -> dict[str, Any]:
     """The daemon's announce record once it answers ``health``. The record must carry the
     process's own pid: one a predecessor left behind names an address nobody serves."""
     while time.monotonic() < deadline:
@@ -129,15 +130,15 @@ def wait_healthy(paths: ClusterPaths, name: str, process: subprocess.Popen, dead
             raise DaemonStartFailed(name, exit_record.get("reason", f"exited with {process.returncode} during start-up"),
                                     log_tail(paths.log_file(name)))
         announce = read_json(paths.announce_file(name))
-        if announce and announce.get("pid") == process.pid and _answers(announce["address"], min(rpc_timeout, 1.0)):
+        if announce and announce.get("pid") == process.pid and _answers(announce["address"], min(rpc_timeout, 1.0), secret):
             return announce
         time.sleep(0.05)
     raise DaemonStartFailed(name, "did not answer a health check before the start timeout",
                             log_tail(paths.log_file(name)))
 
 
-def _answers(address: str, timeout: float) -> bool:
-    with RpcClient(address, timeout=timeout) as client:
+def _answers(address: str, timeout: float, secret: ClusterSecret | None) -> bool:
+    with RpcClient(address, timeout=timeout, secret=secret) as client:
         try:
             client.call("health")
             return True
@@ -155,9 +156,12 @@ def start_in_background(paths: ClusterPaths, config: Config, name: str, command:
     settings = paths.daemon_settings_file(name)
     settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+    if config.cluster_secret:  # never in the settings file: handed over the way it came
+        env["MOONCAKE_CLUSTER_SECRET"] = config.cluster_secret
     process = spawn(paths, name, [*command, "--workdir", str(paths.workdir), "--config", str(settings)], env)
     try:
-        return wait_healthy(paths, name, process, time.monotonic() + config.start_timeout, config.rpc_timeout)
+        return wait_healthy(paths, name, process, time.monotonic() + config.start_timeout, config.rpc_timeout,
+                            cluster_secret(config))
     except DaemonStartFailed:
         process.terminate()
         raise

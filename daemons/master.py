@@ -39,6 +39,7 @@ from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
 from store.events.publisher import KvEventPublisher
 from store.master_service import StoreService
+from transfer.auth import cluster_secret
 from transfer.metadata.http_backend import HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
 from transfer.settings import Config
@@ -60,7 +61,7 @@ class MasterDaemon(Daemon):
             host = ""  # bound on every interface and none named: say what was bound
         # One publisher for the process: a leader's fresh state (HA) publishes on the same socket.
         self.kv_events = KvEventPublisher(self.config.bind_host, self.config.kv_events_port,
-                                          self.config.kv_events_replay_port, host)
+                                          self.config.kv_events_replay_port, host, self.secret)
         if self.config.metrics_port:
             # Imported only to serve them: prometheus_client and Starlette add 50 ms to every start.
             from daemons.observe.master_metrics import MasterMetrics
@@ -114,7 +115,9 @@ def run_master(paths: ClusterPaths, config: Config, name: str, port: int, http: 
     paths.workdir.mkdir(parents=True, exist_ok=True)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
     try:
-        metadata = HttpMetadataServer(*http, max_entries=config.metadata_max_entries) if http else None
+        secret = cluster_secret(config)
+        metadata = HttpMetadataServer(*http, max_entries=config.metadata_max_entries,
+                                      token=secret.http_token if secret else None) if http else None
     except OSError as exc:
         raise MetadataServerUnavailable(f"cannot serve HTTP metadata on {http[0]}:{http[1]}: {exc.strerror}") from None
 

@@ -27,6 +27,7 @@ from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, WorkdirUnus
 from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap,
                               replace_cluster_row, spawn, wait_healthy, write_cluster_record, write_pidfile)
 from daemons.roles import DaemonSpec, cluster_plan
+from transfer.auth import ClusterSecret, cluster_secret, create_secret_file, keep_secret_file
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import Config
@@ -75,8 +76,11 @@ def _prepare_workdir(paths: ClusterPaths) -> None:
     """Create the workdir's folders, or say plainly why they cannot be (a file in the way, no
     permission), before anything else touches them."""
     try:
+        paths.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for directory in (paths.run_dir, paths.log_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The run directory holds the daemons' sockets: other users need not even reach them.
+        paths.run_dir.chmod(0o700)
         probe = paths.run_dir / f".probe-{os.getpid()}"
         probe.touch()
         probe.unlink()
@@ -98,6 +102,11 @@ def up(config: Config) -> dict[str, Any]:
     _remove_shared_memory(stale.get("cluster_id"))
     _clear_records(paths)
     paths.settings_file.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
+    keep_secret_file(config)
+    if cluster_secret(config) is None:
+        # Every cluster `up` starts is authenticated: without a secret given, one of its own,
+        # which every daemon, CLI command and library client of this workdir reads.
+        create_secret_file(paths.workdir)
     # Discovered once here (or loaded from --topology and checked), read by every daemon that
     # owns a transfer engine, so they all pick paths from the same matrix.
     matrix, _ = topology.load_or_discover(config.topology, config.sysfs_root, config.include_virtual)
@@ -157,24 +166,25 @@ def _start(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, co
                                        "--workdir", str(paths.workdir), "--cluster-id", cluster_id,
                                        "--port", str(port)])
     write_pidfile(paths, spec.name, spec.role, cluster_id, process.pid)
-    return wait_healthy(paths, spec.name, process, time.monotonic() + config.start_timeout, config.rpc_timeout)
+    return wait_healthy(paths, spec.name, process, time.monotonic() + config.start_timeout, config.rpc_timeout,
+                        cluster_secret(config))
 
 
-def _health(address: str, timeout: float) -> dict | None:
-    with RpcClient(address, timeout=timeout) as client:
+def _health(address: str, timeout: float, secret: ClusterSecret | None) -> dict | None:
+    with RpcClient(address, timeout=timeout, secret=secret) as client:
         try:
             return client.call("status")
         except MooncakeError:
             return None
 
 
-def status(paths: ClusterPaths, rpc_timeout: float = 1.0) -> list[DaemonState]:
+def status(paths: ClusterPaths, rpc_timeout: float = 1.0, secret: ClusterSecret | None = None) -> list[DaemonState]:
     states = []
     for name in paths.known_daemons():
         record = read_json(paths.pidfile(name)) or {}
         announce = read_json(paths.announce_file(name)) or {}
         process = process_if_alive(record)
-        answer = _health(announce["address"], rpc_timeout) if process and announce else None
+        answer = _health(announce["address"], rpc_timeout, secret) if process and announce else None
         exit_reason = None
         if process is None:
             exit_reason = (read_json(paths.exit_file(name)) or {}).get(

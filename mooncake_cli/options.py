@@ -41,7 +41,8 @@ def _specs(names: tuple[str, ...]) -> list[Setting]:
 
 
 def settings_options(*sections_or_names: str) -> Callable[[Callable], Callable]:
-    specs = _specs(sections_or_names)
+    # No flag for a secret: a command line is readable by every user through ps and /proc.
+    specs = [spec for spec in _specs(sections_or_names) if not spec.hidden]
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command)

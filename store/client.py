@@ -34,6 +34,7 @@ from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
+from transfer.auth import cluster_secret
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.from_settings import open_engine
@@ -58,7 +59,8 @@ class StoreClient:
         self.config = config or resolve()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
-                                   self.config.rpc_busy_poll, self.config.store_max_batch_keys)
+                                   self.config.rpc_busy_poll, self.config.store_max_batch_keys,
+                                   cluster_secret(self.config))
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None

@@ -39,7 +39,8 @@ class DiskReader:
         with self._lock:
             client = self._clients.get(endpoint)
             if client is None:
-                client = self._clients[endpoint] = RpcClient(endpoint, timeout=self.timeout)
+                client = self._clients[endpoint] = RpcClient(endpoint, timeout=self.timeout,
+                                                                     secret=self.engine.options.secret)
             return client
 
     def close(self) -> None:

@@ -12,17 +12,18 @@ from typing import Any
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
                         replica_list_from_wire, reported_to_wire, segment_to_wire)
+from transfer.auth import ClusterSecret
 from transfer.etcd.leader import master_rpc
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0,
-                 max_batch_keys: int | None = None) -> None:
+                 max_batch_keys: int | None = None, secret: ClusterSecret | None = None) -> None:
         self.address, self.client_id = address, client_id
         # The master's store_max_batch_keys: longer batches go as several calls. None: as one.
         self.max_batch_keys = max_batch_keys
         # etcd://... follows the elected master
-        self.rpc = master_rpc(address, timeout=timeout, busy_poll=busy_poll)
+        self.rpc = master_rpc(address, timeout=timeout, busy_poll=busy_poll, secret=secret)
 
     def close(self) -> None:
         self.rpc.close()

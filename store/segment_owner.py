@@ -48,7 +48,7 @@ class SegmentOwner:
         self.disk_server: RpcServer | None = None
         if offload_dir:
             self.disk = DiskTier(Path(offload_dir) / master.client_id)
-            self.disk_server = RpcServer(f"tcp://{host}:*")
+            self.disk_server = RpcServer(f"tcp://{host}:*", secret=engine.options.secret)
             self.disk_server.register("store.disk_read", self._disk_read, blocking=True)
             self.disk_server.start()
         self.segment = Segment(f"{engine.name}/seg-{uuid.uuid4().hex[:8]}", engine.name,

@@ -44,6 +44,13 @@ class Mooncake:
                               env={**self.env, **(env or {})}, capture_output=True,
                               timeout=timeout, input=input)
 
+    @property
+    def secret(self):
+        """The secret `up` made for this cluster, for a test's own clients of its daemons."""
+        from transfer.auth import read_secret_file
+
+        return read_secret_file(self.workdir / "secret")
+
     def json(self, *args: str, **kwargs) -> dict:
         result = self(*args, "--json", **kwargs)
         assert result.returncode == 0, result.stderr.decode()

@@ -78,7 +78,7 @@ class TransferEngine(BatchMixin):
         listen = listen or [("lo" if host.startswith("127.") else "nic0", host)]
         self.topology = topology or {"*": [[nic for nic, _ in listen], []]}
         self.paths = PathSet(self.topology, self.options.path_cooldown)
-        self._rpc = RpcServer(f"tcp://{host}:*")
+        self._rpc = RpcServer(f"tcp://{host}:*", secret=self.options.secret)
         self.rpc_address = self._rpc.address
         self.name = name or self.rpc_address.rsplit("/", 1)[-1]
         self._metadata = self._backend(metadata)
@@ -96,7 +96,8 @@ class TransferEngine(BatchMixin):
                 pool_size=self.options.endpoint_pool_size,
                 handshake_timeout=self.options.handshake_timeout,
                 path_cooldown=self.options.path_cooldown,
-                gpudirect=gpudirect_available() if gpudirect is None else gpudirect)
+                gpudirect=gpudirect_available() if gpudirect is None else gpudirect,
+                secret=self.options.secret)
             self.transports.append(self._rdma)
             self._rpc.register(CONNECT_OP, self._rdma.accept, blocking=True)
         if self.options.protocol in ("auto", "tcp"):
@@ -106,7 +107,8 @@ class TransferEngine(BatchMixin):
                 streams_per_path=self.options.streams_per_path,
                 pool_size=self.options.endpoint_pool_size,
                 handshake_timeout=self.options.handshake_timeout,
-                slice_timeout=self.options.slice_timeout))
+                slice_timeout=self.options.slice_timeout,
+                secret=self.options.secret))
         self._rpc.register(EXCHANGE_OP, self._exchange)
         self._rpc.start()
         self.version = self._metadata.publish(self.descriptor())
@@ -142,9 +144,11 @@ class TransferEngine(BatchMixin):
         if isinstance(metadata, MetadataTable):
             return LocalMetadata(metadata)
         if metadata == P2P:
-            return P2PMetadata(self.descriptor, timeout=self.options.handshake_timeout)
+            return P2PMetadata(self.descriptor, timeout=self.options.handshake_timeout,
+                               secret=self.options.secret)
         if isinstance(metadata, str):
-            return MasterMetadata(metadata, timeout=self.options.handshake_timeout)
+            return MasterMetadata(metadata, timeout=self.options.handshake_timeout,
+                                  secret=self.options.secret)
         return metadata
 
     def __enter__(self) -> TransferEngine:

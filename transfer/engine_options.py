@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from transfer.auth import ClusterSecret, cluster_secret
 from transfer.settings import Config, resolve
 
 
@@ -26,6 +27,8 @@ class EngineOptions:
     rdma_mtu: int = 0
     rdma_qps_per_endpoint: int = 2
     shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
+    # Required of peers by the engine's control server and TCP target, and proven to theirs.
+    secret: ClusterSecret | None = None
 
     @classmethod
     def from_config(cls, config: Config | None = None, **overrides: Any) -> EngineOptions:
@@ -33,6 +36,7 @@ class EngineOptions:
         config = config or resolve()
         values = {f.name: config[_SETTING.get(f.name, f.name)] for f in fields(cls)
                   if _SETTING.get(f.name, f.name) in config.values}
+        values["secret"] = cluster_secret(config)
         values.update(overrides)
         return cls(**values)
 

@@ -145,6 +145,12 @@ class NotLeader(RpcError):
     code, name = -907, "NOT_LEADER"
 
 
+class AuthenticationFailed(RpcError):
+    """The peer did not prove it holds the cluster secret (or we hold none and it asks for one)."""
+
+    code, name = -909, "AUTHENTICATION_FAILED"
+
+
 class HandlerFailed(RpcError):
     """The handler raised something that is not a MooncakeError: a bug on the daemon side."""
 

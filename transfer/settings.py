@@ -96,7 +96,7 @@ def _parse_bool(text: Any) -> bool:
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # str | int | float | bool | size | duration | choice | path
+    kind: str  # str | int | float | bool | size | duration | choice | path | secret
     default: Any
     help: str
     section: str
@@ -125,6 +125,11 @@ class Setting:
             bound = f" >= {self.minimum:g}" if self.minimum is not None else ""
             return f"a number{bound}" if self.kind == "float" else f"an integer{bound}"
         return "a string"
+
+    @property
+    def hidden(self) -> bool:
+        """A secret's value is never shown nor written to a settings file."""
+        return self.kind == "secret"
 
     @property
     def default_text(self) -> str:
@@ -167,7 +172,10 @@ class Setting:
         return str(raw)
 
     def render(self, value: Any) -> str:
-        """The value as a user would type it (used by `config show` and the man pages)."""
+        """The value as a user would type it (used by `config show` and the man pages); a
+        secret as asterisks, so `config show` can be pasted into a bug report."""
+        if self.hidden:
+            return "********" if value else ""
         if self.kind == "size":
             return format_size(value)
         if self.kind == "duration":
@@ -191,6 +199,12 @@ SETTINGS: tuple[Setting, ...] = (
        "How long `up` waits for every daemon to answer a health check."),
     _s("cluster", "stop_grace", "duration", 5.0,
        "How long `down` waits after SIGTERM before it sends SIGKILL."),
+    _s("cluster", "cluster_secret", "secret", "",
+       "The cluster secret itself (set it through MOONCAKE_CLUSTER_SECRET, never on a command "
+       "line others can read); empty: read cluster_secret_file."),
+    _s("cluster", "cluster_secret_file", "path", "",
+       "File holding the cluster secret; empty: <workdir>/secret when it exists (`up` creates "
+       "it, 0600). No secret anywhere turns authentication off."),
     _s("cluster", "drain_timeout", "duration", 3.0,
        "How long a daemon finishes in-flight requests after SIGTERM."),
     # metrics: what an operator watches each daemon through
@@ -454,8 +468,11 @@ class Config:
         return Config(values, sources, self.config_file)
 
     def as_plain(self) -> dict[str, str]:
-        """Values rendered as strings a config file would hold (round-trips through resolve)."""
-        return {name: _BY_NAME[name].render(value) for name, value in self.values.items()}
+        """Values rendered as strings a config file would hold (round-trips through resolve).
+        Secrets are left out: they live in their 0600 file or the environment, never in a
+        settings file."""
+        return {name: _BY_NAME[name].render(value) for name, value in self.values.items()
+                if not _BY_NAME[name].hidden}
 
 
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:

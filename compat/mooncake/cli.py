@@ -148,7 +148,9 @@ def client_main() -> int:
 def http_metadata_server_main() -> int:
     """Mooncake's HTTP metadata protocol (GET|PUT|DELETE /metadata?key=K) until SIGTERM."""
     import argparse
+    from transfer.auth import cluster_secret
     from transfer.metadata.http_backend import HttpMetadataServer
+    from transfer.settings import resolve
 
     parser = argparse.ArgumentParser(prog="mooncake_http_metadata_server",
                                      description="HTTP metadata server for Mooncake transfer engines")
@@ -159,7 +161,10 @@ def http_metadata_server_main() -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = HttpMetadataServer(options.host, options.port)
+    # Like every part of the drop-in, it takes the cluster secret from MOONCAKE_CLUSTER_SECRET
+    # (or the file / workdir the settings name): with one, only our engines' requests are served.
+    secret = cluster_secret(resolve())
+    server = HttpMetadataServer(options.host, options.port, token=secret.http_token if secret else None)
     print(f"HTTP metadata server serving on {server.url}", flush=True)
     try:
         stop.wait()

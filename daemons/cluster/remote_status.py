@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from transfer.auth import ClusterSecret
 from store.master_client import MasterClient
 
 
@@ -49,10 +50,10 @@ def service_rows(services: list[dict]) -> list[dict]:
              "alive": s["alive"], "last_seen_ago": s["last_seen_ago"], "segments": []} for s in services]
 
 
-def remote_status(master: str, timeout: float) -> dict[str, Any]:
+def remote_status(master: str, timeout: float, secret: ClusterSecret | None = None) -> dict[str, Any]:
     """The cluster the master ``master`` (an address or etcd://...) knows; raises the RPC error
     (RPC_TIMEOUT, NOT_LEADER) when no master answers within ``timeout``."""
-    client = MasterClient(master, "status", timeout)
+    client = MasterClient(master, "status", timeout, secret=secret)
     try:
         own = client.rpc.call("status")
         clients = client.inspect("clients")

@@ -26,6 +26,7 @@ from typing import Any
 from collections.abc import Callable
 
 from daemons.errors import ServiceNotRegistered
+from transfer.auth import ClusterSecret
 from transfer.errors import InvalidArgument, MooncakeError, TableFull
 from transfer.etcd.leader import master_rpc
 
@@ -94,18 +95,18 @@ class ServiceTable:
                 for record, seen in entries]
 
 
-def lookup_service(master: str, name: str, timeout: float) -> dict:
+def lookup_service(master: str, name: str, timeout: float, secret: ClusterSecret | None = None) -> dict:
     """The record ``name`` registered with the master ``master`` (an address or etcd://...)."""
-    with master_rpc(master, timeout) as client:
+    with master_rpc(master, timeout, secret=secret) as client:
         return client.call("cluster.lookup_service", {"name": name})
 
 
 class ServiceRegistration:
     """A daemon's record kept registered with the master, through leader changes and restarts."""
 
-    def __init__(self, master: str, record: dict, timeout: float) -> None:
+    def __init__(self, master: str, record: dict, timeout: float, secret: ClusterSecret | None = None) -> None:
         self.record = record
-        self.client = master_rpc(master, timeout)
+        self.client = master_rpc(master, timeout, secret=secret)
         self.next_refresh = 0.0
 
     def refresh(self, strict: bool) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from daemons.cluster.directory import cluster_info, local_daemon_address
 from daemons.cluster.workdir import ClusterPaths, shm_prefix
 from store.master_client import MasterClient
+from transfer.auth import cluster_secret
 from transfer.settings import Config
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ def master_of(config: Config) -> tuple[str, str]:
 
 def connect_master(config: Config, client_id: str) -> MasterClient:
     """A client of the master :func:`master_of` names, for ops that move no object bytes."""
-    return MasterClient(master_of(config)[0], client_id, config.rpc_timeout, config.rpc_busy_poll)
+    return MasterClient(master_of(config)[0], client_id, config.rpc_timeout, config.rpc_busy_poll,
+                        secret=cluster_secret(config))
 
 
 def connect(config: Config, segment_size: int = 0) -> StoreClient:

@@ -17,6 +17,7 @@ from daemons.cluster.directory import cluster_info
 from daemons.cluster.service_registry import lookup_service
 from daemons.cluster.workdir import ClusterPaths
 from daemons.serving.errors import GenerationFailed, NoWorkers, Rejected, ServingError
+from transfer.auth import cluster_secret
 from transfer.settings import Config
 
 
@@ -25,7 +26,7 @@ def find_conductor(config: Config) -> dict[str, Any]:
     for): with ``--master``, as registered with that master; else as the cluster in the workdir
     announced them."""
     if config.master:
-        return lookup_service(config.master, "conductor", config.rpc_timeout)
+        return lookup_service(config.master, "conductor", config.rpc_timeout, cluster_secret(config))
     paths = ClusterPaths.of(config.workdir)
     for daemon in cluster_info(paths)["daemons"]:
         if daemon.get("role") == "conductor" and daemon.get("http_address"):

@@ -75,7 +75,7 @@ class ConductorDaemon(Daemon):
         self.server.register("conductor.index", self._index)
         master = self.config.master or (read_json(self.paths.announce_file("master")) or {}).get("address")
         if master:
-            self.kv_events = KvEventSubscriber(master, self.service, self.config.rpc_timeout).start()
+            self.kv_events = KvEventSubscriber(master, self.service, self.config.rpc_timeout, self.secret).start()
         else:
             log.warning("no master to follow: the cache index stays empty")
         tokenizer = build_tokenizer(self.config)
@@ -90,7 +90,7 @@ class ConductorDaemon(Daemon):
             self.registration = ServiceRegistration(self.config.master, {
                 "name": "conductor", "address": advertised(self.server.address, self.config),
                 "http_address": f"http://{advertise_host(self.config)}:{http_port}",
-                "kv_block_tokens": self.config.kv_block_tokens}, self.config.rpc_timeout)
+                "kv_block_tokens": self.config.kv_block_tokens}, self.config.rpc_timeout, self.secret)
             self.registration.refresh(strict=True)
 
     def tick(self, now: float) -> None:

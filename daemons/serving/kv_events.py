@@ -38,6 +38,8 @@ from typing import Any, Protocol
 
 import zmq
 
+from transfer.auth import ClusterSecret
+from transfer.rpc import curve
 from scheduler.block_hash import BlockKey, parse_key
 from scheduler.cache_index import POOL, CacheIndex
 from store.events.messages import AllBlocksCleared, BlockStored, KvEvent, KVEventBatch, MalformedEvent
@@ -151,8 +153,10 @@ class KvEventSubscriber:
     """The thread that follows the master's KV events into the conductor's index. It owns its
     SUB socket (made, used and closed on the thread) and its master client."""
 
-    def __init__(self, master: str, index: FollowedIndex, timeout: float = 5.0) -> None:
-        self._master = MasterClient(master, "conductor-kv-events", timeout=timeout)
+    def __init__(self, master: str, index: FollowedIndex, timeout: float = 5.0,
+                 secret: ClusterSecret | None = None) -> None:
+        self._master = MasterClient(master, "conductor-kv-events", timeout=timeout, secret=secret)
+        self._secret = secret
         self._index = index
         self._sub: zmq.Socket | None = None
         self._stop = threading.Event()
@@ -245,6 +249,8 @@ class KvEventSubscriber:
                 self._sub.close(linger=0)
             self._sub = zmq.Context.instance().socket(zmq.SUB)
             self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            if self._secret:
+                curve.make_client(self._sub, self._secret)
             self._sub.connect(info["address"])
             self.address = info["address"]
         # Subscribed before the snapshot: batches after it queue up and are not lost.

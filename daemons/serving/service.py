@@ -63,6 +63,7 @@ from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.errors import NoInstances
 from scheduler.types import REJECT_DECODE, ScheduleRequest
+from transfer.auth import cluster_secret
 from transfer.errors import InvalidArgument, MooncakeError
 from transfer.rpc.client_server import Request, RpcClient
 from transfer.settings import Config
@@ -85,6 +86,7 @@ class ServingService:
         self.metrics = ServingMetrics(self.gauges)
         self.call_timeout = min(config.rpc_timeout, 2.0)
         self.admissions: deque[tuple[float, bool]] = deque(maxlen=64)  # (when, accepted) per request
+        self.secret = cluster_secret(config)  # the workers' servers require it of our calls
 
     # -- worker reports (RPC handlers) -------------------------------------------------------
 
@@ -103,7 +105,7 @@ class ServingService:
                 worker = None
             if worker is None:
                 worker = Worker(beat.name, beat.role, beat.address,
-                                RpcClient(beat.address, timeout=self.call_timeout), now)
+                                RpcClient(beat.address, timeout=self.call_timeout, secret=self.secret), now)
                 self.workers[worker.name] = worker
                 if worker.role == "prefill":
                     self.conductor.add_prefill(worker.name, prefill_model(self.conductor, beat.load))

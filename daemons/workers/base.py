@@ -51,7 +51,8 @@ class WorkerDaemon(Daemon):
         # The address we give the conductor: with --master it may be on another host.
         self.address = advertised(self.server.address, self.config) if self.config.master else self.server.address
         self.conductor_address = self._conductor_address()
-        self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout)
+        self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout,
+                                          secret=self.secret)
         self.setup_worker()
         # Before the first heartbeat, so the conductor plans with this machine's costs from the start.
         began = time.monotonic()
@@ -100,7 +101,7 @@ class WorkerDaemon(Daemon):
 
     def _conductor_address(self) -> str:
         if self.config.master:
-            return lookup_service(self.config.master, "conductor", self.config.rpc_timeout)["address"]
+            return lookup_service(self.config.master, "conductor", self.config.rpc_timeout, self.secret)["address"]
         return self._announced("conductor")
 
     def _follow_conductor(self) -> None:
@@ -115,7 +116,7 @@ class WorkerDaemon(Daemon):
         if address != self.conductor_address:
             log.info("the conductor moved from %s to %s", self.conductor_address, address)
             old, self.conductor_address = self.conductor_client, address
-            self.conductor_client = RpcClient(address, timeout=self.config.rpc_timeout)
+            self.conductor_client = RpcClient(address, timeout=self.config.rpc_timeout, secret=self.secret)
             old.close()
 
     def _heartbeat(self, strict: bool) -> None:

@@ -192,7 +192,8 @@ class DecodeWorkerDaemon(WorkerDaemon):
         """The writer's answer to ``prefill.drop``, or None if it gave none that counts."""
         client = self.writer_clients.get(writer.address)
         if client is None:
-            client = self.writer_clients[writer.address] = RpcClient(writer.address, timeout=self.config.rpc_timeout)
+            client = self.writer_clients[writer.address] = RpcClient(writer.address, timeout=self.config.rpc_timeout,
+                                                                           secret=self.secret)
         try:
             return DropAnswer.from_wire(client.call("prefill.drop", {"request_id": request_id},
                                                     timeout=min(self.config.rpc_timeout, 1.0)))

@@ -38,6 +38,7 @@ def rpc(
     from daemons.cluster.directory import daemon_address, local_daemon_address
     from daemons.cluster.workdir import ClusterPaths
     from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+    from transfer.auth import cluster_secret
     from transfer.rpc.client_server import RpcClient
 
     latency_count = max(100, requests // 4)
@@ -53,7 +54,8 @@ def rpc(
                 endpoints["unix"] = local
             measured = {}
             for transport, address in endpoints.items():
-                with RpcClient(address, timeout=config.rpc_timeout, busy_poll=config.rpc_busy_poll) as client:
+                with RpcClient(address, timeout=config.rpc_timeout, busy_poll=config.rpc_busy_poll,
+                               secret=cluster_secret(cluster_config)) as client:
                     measured[transport] = (rpc_latency(client, latency_count),
                                            {n: rpc_throughput(client, requests, n) for n in OUTSTANDING})
         finally:

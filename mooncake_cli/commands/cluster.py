@@ -11,6 +11,7 @@ from daemons.cluster.workdir import ClusterPaths
 from daemons.errors import ClusterNotRunning, DaemonStartFailed
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import EXIT_FAILED, JSON_HELP, emit, fail, fail_on, fail_to_start, show_progress, stderr
+from transfer.auth import cluster_secret
 from transfer.errors import MooncakeError
 
 
@@ -87,7 +88,7 @@ def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *,
         from daemons.cluster.remote_status import remote_status
 
         try:
-            data = remote_status(config.master, config.rpc_timeout)
+            data = remote_status(config.master, config.rpc_timeout, cluster_secret(config))
         except MooncakeError as exc:
             fail(f"cannot read the cluster from the master {config.master}: {exc.message} ({exc.name})")
         emit(data, json_output, _remote_table)
@@ -95,7 +96,8 @@ def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *,
             raise typer.Exit(EXIT_FAILED)
         return
     paths = ClusterPaths.of(config.workdir)
-    states = [s.as_dict() for s in supervisor.status(paths, rpc_timeout=min(config.rpc_timeout, 1.0))]
+    states = [s.as_dict() for s in supervisor.status(paths, rpc_timeout=min(config.rpc_timeout, 1.0),
+                                                   secret=cluster_secret(config))]
     if not states:
         fail(f"no cluster in {paths.workdir}: start one with `mooncake up`")
     data = {"workdir": str(paths.workdir), "healthy": all(s["healthy"] for s in states),

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
+from transfer.auth import cluster_secret
 from transfer.errors import MooncakeError
 
 VIEWS = ("counters", "segments", "objects", "clients", "key")
@@ -74,7 +75,8 @@ def inspect(
     if (what == "key") != (key is not None):
         raise typer.BadParameter("give KEY exactly with `inspect key KEY`")
     try:
-        master = MasterClient(master_of(config)[0], "inspect", config.rpc_timeout)
+        master = MasterClient(master_of(config)[0], "inspect", config.rpc_timeout,
+                              secret=cluster_secret(config))
         try:
             data = master.inspect(what, key)
         finally:

@@ -66,6 +66,7 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     from daemons.cluster.advertise import check_reachable  # here for start-up time, as in _command
     from daemons.cluster.workdir import checked_name
     from daemons.launcher import live_daemons
+    from transfer.auth import keep_secret_file
 
     try:
         checked_name(name)  # before anything is written: the name becomes file names
@@ -75,6 +76,11 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     paths = ClusterPaths.of(config.workdir)
     if name in live_daemons(paths):
         fail(f"a daemon named {name!r} already runs in {paths.workdir}; stop it with `mooncake down`")
+    paths.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        keep_secret_file(config)
+    except MooncakeError as exc:
+        fail_on(exc)
     return paths
 
 

@@ -11,6 +11,9 @@ Every ``SEND_INTERVAL_S`` the thread takes what piled up, makes it one batch
             replies  [sequence, payload] for every buffered batch from there on,
                      then [-1 (8 bytes, signed), b""]
 
+Given the cluster secret, both sockets are CURVE servers (:mod:`transfer.rpc.curve`): only a
+subscriber holding the secret reads which blocks the store holds.
+
 One batch per interval rather than per RPC: the thread's work (encoding, sending) then grows
 with the events, not with the calls, and stays off the put path's CPU.
 
@@ -33,7 +36,9 @@ import zmq
 
 from store.events.messages import END_OF_REPLAY, TOPIC
 from store.events.recorder import StoreEvent, batch_of
+from transfer.auth import ClusterSecret
 from transfer.errors import ShuttingDown
+from transfer.rpc import curve
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,8 @@ class SnapshotMark:
 
 
 class KvEventPublisher:
-    def __init__(self, host: str, port: int = 0, replay_port: int = 0, advertise_host: str = "") -> None:
+    def __init__(self, host: str, port: int = 0, replay_port: int = 0, advertise_host: str = "",
+                 secret: ClusterSecret | None = None) -> None:
         """Bind both sockets on ``host``; ``address`` and ``replay_address`` name them with
         ``advertise_host`` (what other hosts reach) when given."""
         context = zmq.Context.instance()
@@ -74,6 +80,8 @@ class KvEventPublisher:
         # master buffer a large frame through them.
         for sock in (self._pub, self._replay):
             sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_LIMIT)
+            if secret:
+                curve.make_server(sock, context, secret, monitor=False)
         try:
             self._pub.bind(f"tcp://{host}:{port or '*'}")
             self._replay.bind(f"tcp://{host}:{replay_port or '*'}")

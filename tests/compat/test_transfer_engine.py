@@ -86,7 +86,7 @@ def test_etcd_metadata_server_holds_the_segments(tmp_path, scheme):
 
 
 @pytest.fixture(scope="module")
-def started(tmp_path_factory):
+def started(tmp_path_factory, secret_env):
     """`mooncake start master` with mooncake_master's flags, in the background."""
     from tests.conftest import Mooncake
 
@@ -94,7 +94,7 @@ def started(tmp_path_factory):
     rpc_port, http_port = free_port(), free_port()
     record = mooncake.json("start", "master", f"--rpc_port={rpc_port}", "--default_kv_lease_ttl=500",
                            "--eviction_high_watermark_ratio=0.8", "--enable_http_metadata_server=true",
-                           f"--http_metadata_server_port={http_port}")
+                           f"--http_metadata_server_port={http_port}", env=secret_env)
     yield record, mooncake
     mooncake("down", timeout=60)
 

@@ -26,7 +26,7 @@ def test_daemons_announce_a_unix_socket_that_answers_like_tcp(mooncake):
         assert (run / f"{daemon['name']}.sock").is_socket()
         answers = []
         for address in (daemon["address"], daemon["ipc_address"]):
-            with RpcClient(address, timeout=5.0) as client:
+            with RpcClient(address, timeout=5.0, secret=mooncake.secret) as client:
                 answers.append((client.call("health"), client.call("echo", {"x": 1})))
         assert answers[0] == answers[1]
 

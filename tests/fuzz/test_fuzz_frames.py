@@ -24,6 +24,8 @@ import zmq
 
 from daemons.cluster.workdir import ClusterPaths
 from tests.conftest import Mooncake
+from transfer.auth import RPC_PURPOSE, ClusterSecret
+from transfer.rpc import curve
 from transfer.rpc.stream import MessageReader, encode
 
 FRAMES = int(os.environ.get("MOONCAKE_FUZZ_FRAMES", "300"))
@@ -83,9 +85,12 @@ def frame(rng: random.Random, request_id: int) -> tuple[bytes, bool]:
 
 
 class Zmq:
-    def __init__(self, address: str) -> None:
+    """A peer holding the cluster secret (CURVE keys) that sends junk once admitted."""
+
+    def __init__(self, address: str, secret: ClusterSecret) -> None:
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        curve.make_client(self.socket, secret)
         self.socket.connect(address)
 
     def exchange(self, data: bytes) -> bytes | None:
@@ -97,18 +102,26 @@ class Zmq:
 
 
 class Unix:
-    def __init__(self, path: str) -> None:
+    """A peer that answers the connection's challenge with the secret, then sends junk."""
+
+    def __init__(self, path: str, secret: ClusterSecret) -> None:
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.socket.settimeout(10)
         self.socket.connect(path)
         self.reader = MessageReader(1 << 30)
+        nonce = msgpack.unpackb(self._receive())["nonce"]
+        verdict = self.exchange(msgpack.packb({"proof": secret.proof(RPC_PURPOSE, nonce)}))
+        assert msgpack.unpackb(verdict) == {"auth": "ok"}
 
-    def exchange(self, data: bytes) -> bytes | None:
-        self.socket.sendall(b"".join(bytes(b) for b in encode([data])))
+    def _receive(self) -> bytes:
         while True:
             messages = self.reader.feed(self.socket.recv(1 << 16))
             if messages:
                 return bytes(messages[0][0])
+
+    def exchange(self, data: bytes) -> bytes | None:
+        self.socket.sendall(b"".join(bytes(b) for b in encode([data])))
+        return self._receive()
 
     def close(self) -> None:
         self.socket.close()
@@ -134,7 +147,8 @@ def test_every_daemon_answers_every_malformed_frame_and_stays_small(cluster, tra
     for daemon in info["daemons"]:
         name, process = daemon["name"], psutil.Process(daemon["pid"])
         rss_before = process.memory_info().rss
-        peer = Zmq(daemon["address"]) if transport == "tcp" else Unix(str(paths.ipc_socket(name)))
+        peer = (Zmq(daemon["address"], runner.secret) if transport == "tcp"
+                else Unix(str(paths.ipc_socket(name)), runner.secret))
         rng = random.Random(f"{name}-{transport}")
         answered, handler_failed = 0, []
         try:

@@ -36,6 +36,7 @@ from daemons.serving.errors import ServingError
 from daemons.serving.kv_events import block_of
 from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.sim.trace import load_trace, multi_turn
+from transfer.auth import read_secret_file, secret_file
 from transfer.rpc.client_server import RpcClient
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
@@ -128,8 +129,9 @@ def main() -> int:
         info = mooncake(workdir, "up")
         try:
             by_role = {d["role"]: d for d in info["daemons"]}
-            conductor = RpcClient(by_role["conductor"]["address"])
-            master = RpcClient(by_role["master"]["address"])
+            secret = read_secret_file(secret_file(workdir))
+            conductor = RpcClient(by_role["conductor"]["address"], secret=secret)
+            master = RpcClient(by_role["master"]["address"], secret=secret)
             replay = Replay(by_role["conductor"]["http_address"], int(os.environ.get("MOONCAKE_BLOCK_HASH_SEED", "0")))
             driver = threading.Thread(target=replay.run, daemon=True)
             began = time.monotonic()

@@ -12,6 +12,7 @@ from daemons.cluster.directory import daemon_address
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
 from store_cluster import FAST, client_for, paths_of, value_for
 from transfer.errors import MessageTooLarge, UnknownOperation
+from transfer.rpc import curve
 from transfer.rpc.client_server import RpcClient
 
 
@@ -21,12 +22,13 @@ def test_bad_requests_get_errors_and_the_master_keeps_serving(mooncake):
 
     raw = zmq.Context.instance().socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
+    curve.make_client(raw, mooncake.secret)  # a peer that holds the secret, sending junk
     raw.connect(address)
     raw.send_multipart([b"\xc1 not msgpack"])
     assert raw.poll(5000) and b"MALFORMED" in raw.recv_multipart()[0]
     raw.close()
 
-    with RpcClient(address, timeout=5) as rpc:
+    with RpcClient(address, timeout=5, secret=mooncake.secret) as rpc:
         with pytest.raises(UnknownOperation):
             rpc.call("store.no_such_op")
         bad = [
@@ -80,7 +82,7 @@ def test_a_batch_over_the_limit_is_refused_before_it_can_starve_a_live_client(mo
     with client_for(mooncake.workdir, store_max_batch_keys=limit) as client:
         keys = [f"bulk-{i}" for i in range(3 * limit + 5)]
         assert client.batch_put(keys, [value_for(k, 256) for k in keys]) == [None] * len(keys)
-        with RpcClient(address, timeout=30) as rpc:
+        with RpcClient(address, timeout=30, secret=mooncake.secret) as rpc:
             for _ in range(3):
                 with pytest.raises(InvalidParams, match="store_max_batch_keys"):
                     rpc.call("store.batch_get_replica_list", {"keys": [f"k{i}" for i in range(400_000)]})
@@ -112,12 +114,13 @@ def test_a_frame_over_the_limit_is_dropped_before_the_master_buffers_it(mooncake
 
     raw = zmq.Context.instance().socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
+    curve.make_client(raw, mooncake.secret)  # a peer that holds the secret, sending junk
     raw.connect(address)
     raw.send_multipart([b"x" * (256 * 2**20)], copy=False)
     assert not raw.poll(3000)  # dropped unanswered: the connection is closed on the frame's header
     raw.close()
 
-    with RpcClient(address, timeout=5) as rpc:
+    with RpcClient(address, timeout=5, secret=mooncake.secret) as rpc:
         assert rpc.call("store.inspect", {"what": "counters"})  # still serving
         with pytest.raises(MessageTooLarge):  # frames under the cap, over the limit together: a typed error
             rpc.call("store.inspect", {"what": "counters"}, frames=[bytes(600 * 2**10)] * 2)

@@ -91,10 +91,11 @@ def test_master_restart_under_load_loses_no_object_on_a_live_segment(mooncake):
 
 
 def _announce_status(paths):
+    from transfer.auth import read_secret_file, secret_file
     from transfer.rpc.client_server import RpcClient
 
     address = json.loads(paths.announce_file("store-client-0").read_text())["address"]
-    with RpcClient(address, timeout=2) as rpc:
+    with RpcClient(address, timeout=2, secret=read_secret_file(secret_file(paths.workdir))) as rpc:
         return rpc.call("status")
 
 

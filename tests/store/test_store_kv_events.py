@@ -15,6 +15,7 @@ from daemons.cluster.store_access import master_of
 from store.events.messages import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from store.master_client import MasterClient
 from store_cluster import client_for, config_for
+from transfer.rpc import curve
 
 
 def receive(sub: zmq.Socket, count: int) -> list[tuple[int, KVEventBatch]]:
@@ -44,10 +45,11 @@ def test_a_master_publishes_store_events_in_vllm_shape(mooncake, tmp_path):
     context = zmq.Context.instance()
     sub = context.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    curve.make_client(sub, mooncake.secret)  # the stream is the cluster's: a SUB needs its secret
     sub.connect(master["kv_events_address"])
     config = config_for(mooncake.workdir)
     store = client_for(mooncake.workdir)
-    admin = MasterClient(master_of(config)[0], "test-admin")
+    admin = MasterClient(master_of(config)[0], "test-admin", secret=mooncake.secret)
     try:
         # A SUB joins late (ZeroMQ's slow joiner): put until a batch gets through, then read up
         # to the last batch the master sent.
@@ -77,6 +79,7 @@ def test_a_master_publishes_store_events_in_vllm_shape(mooncake, tmp_path):
         assert snapshot["sequence"] == sequence and snapshot["blocks"] == [["b", segment]]
         # The replay socket (vLLM's protocol) hands back buffered batches, then the end marker.
         replay = context.socket(zmq.REQ)
+        curve.make_client(replay, mooncake.secret)
         replay.connect(master["kv_events_replay_address"])
         replay.send(sequence.to_bytes(8, "big"))
         assert replay.poll(5000)

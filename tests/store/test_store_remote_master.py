@@ -15,6 +15,8 @@ def test_put_get_exists_rm_inspect_through_master_flag(mooncake, tmp_path):
     master = next(d for d in cluster["daemons"] if d["role"] == "master")
     host_port = master["address"].removeprefix("tcp://")
     elsewhere = Mooncake(tmp_path / "no-cluster-here")
+    # The operator elsewhere is given the cluster's secret, as on another host they would be.
+    elsewhere.env["MOONCAKE_CLUSTER_SECRET_FILE"] = str(mooncake.workdir / "secret")
 
     put = elsewhere("put", "remote-key", "-", "--master", master["address"], input=b"\x00bytes\xff")
     assert put.returncode == 0, put.stderr.decode()

@@ -11,6 +11,7 @@ import psutil
 import xxhash
 
 from daemons import supervisor
+from transfer.auth import read_secret_file, secret_file
 from transfer.rpc.client_server import RpcClient
 
 from store_cluster import FAST, client_for, config_for, paths_of, value_for, wait_until
@@ -95,5 +96,5 @@ def test_with_policy_evicted_only_evicted_objects_reach_disk_and_read_back_exact
 
 def _owner_status(paths) -> dict:
     address = json.loads(paths.announce_file("store-client-0").read_text())["address"]
-    with RpcClient(address, timeout=2) as rpc:
+    with RpcClient(address, timeout=2, secret=read_secret_file(secret_file(paths.workdir))) as rpc:
         return rpc.call("status")

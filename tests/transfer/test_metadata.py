@@ -9,9 +9,10 @@ import pytest
 
 from transfer.batch import cut
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
-from transfer.errors import InvalidArgument, SegmentNotFound, TableFull
+from transfer.auth import ClusterSecret
+from transfer.errors import InvalidArgument, RpcError, SegmentNotFound, TableFull
 from transfer.metadata.client import MasterMetadata
-from transfer.metadata.http_backend import HttpMetadataServer
+from transfer.metadata.http_backend import HttpMetadata, HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
 from transfer.path_selection import PathSet
 from transfer.rpc.client_server import RpcServer
@@ -88,3 +89,32 @@ def test_registries_are_bounded_and_still_replace_what_they_hold():
         http.close()
         client.close()
         server.stop()
+
+
+def test_the_http_metadata_server_with_a_token_serves_only_requests_that_carry_it():
+    """Anyone could PUT, overwrite or DELETE any key; with the cluster's token every request
+    needs it: reads too, since a descriptor names a segment's memory addresses."""
+    secret = ClusterSecret("the-cluster-secret-of-these-tests")
+    http = HttpMetadataServer(port=0, token=secret.http_token)
+    ours = HttpMetadata(http.url, timeout=5, token=secret.http_token)
+    try:
+        def status(method: str, token: str | None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            request = urllib.request.Request(f"{http.url}?key=mooncake/ram/x", method=method, headers=headers,
+                                             data=b"forged" if method == "PUT" else None)
+            try:
+                return urllib.request.urlopen(request, timeout=5).status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        for method in ("PUT", "DELETE", "GET"):
+            assert status(method, None) == 401
+            assert status(method, "not-the-token") == 403
+        assert http.keys() == []
+        assert status("PUT", secret.http_token) == 200 and status("DELETE", secret.http_token) == 200
+        ours.publish(_descriptor("x", "one"))
+        assert ours.fetch("x").incarnation == "one"
+        with pytest.raises(RpcError, match="HTTP 401"):  # a client without the token reads nothing
+            HttpMetadata(http.url, timeout=5).fetch("x")
+    finally:
+        http.close()

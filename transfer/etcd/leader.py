@@ -18,6 +18,7 @@ import time
 from typing import Any
 from collections.abc import Sequence
 
+from transfer.auth import ClusterSecret
 from transfer.errors import NotLeader, RpcTimeout
 from transfer.etcd.kv import EtcdKV, EtcdUnavailable
 from transfer.rpc.client_server import Reply, RpcClient
@@ -83,12 +84,13 @@ def view_of(spec: str, timeout: float) -> MasterView:
 class LeaderClient:
     """An :class:`RpcClient` that follows the elected master (same call interface)."""
 
-    def __init__(self, spec: str, timeout: float = 5.0, busy_poll: float = 0.0) -> None:
+    def __init__(self, spec: str, timeout: float = 5.0, busy_poll: float = 0.0,
+                 secret: ClusterSecret | None = None) -> None:
         self.view = view_of(spec, timeout=min(timeout, 2.0))
-        self.timeout, self.busy_poll = timeout, busy_poll
+        self.timeout, self.busy_poll, self.secret = timeout, busy_poll, secret
         self._lock = threading.Lock()
         self.address = self.view.wait_leader(timeout)
-        self._rpc = RpcClient(self.address, timeout=timeout, busy_poll=busy_poll)
+        self._rpc = RpcClient(self.address, timeout=timeout, busy_poll=busy_poll, secret=secret)
         self.num_follows = 0
         # Clients we moved away from stay open until close(): other threads may still be
         # waiting on them, and closing a socket under a waiter is not a clean error.
@@ -120,7 +122,7 @@ class LeaderClient:
                 return True  # another thread already moved
             if address is None or address == failed.address:
                 return False
-            self._rpc = RpcClient(address, timeout=self.timeout, busy_poll=self.busy_poll)
+            self._rpc = RpcClient(address, timeout=self.timeout, busy_poll=self.busy_poll, secret=self.secret)
             self.address = address
             self._retired.append(failed)
             self.num_follows += 1
@@ -137,7 +139,8 @@ class LeaderClient:
         self.close()
 
 
-def master_rpc(spec: str, timeout: float = 5.0, busy_poll: float = 0.0) -> RpcClient | LeaderClient:
+def master_rpc(spec: str, timeout: float = 5.0, busy_poll: float = 0.0,
+               secret: ClusterSecret | None = None) -> RpcClient | LeaderClient:
     if spec.startswith(ETCD_SCHEME):
-        return LeaderClient(spec, timeout, busy_poll)
-    return RpcClient(tcp_address(spec), timeout=timeout, busy_poll=busy_poll)
+        return LeaderClient(spec, timeout, busy_poll, secret)
+    return RpcClient(tcp_address(spec), timeout=timeout, busy_poll=busy_poll, secret=secret)

@@ -13,6 +13,7 @@ import threading
 from typing import Protocol
 from collections.abc import Callable
 
+from transfer.auth import ClusterSecret
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
 from transfer.etcd.leader import master_rpc
@@ -48,8 +49,8 @@ class LocalMetadata:
 
 
 class MasterMetadata:
-    def __init__(self, address: str, timeout: float = 5.0) -> None:
-        self._client = master_rpc(address, timeout=timeout)  # etcd://... follows the elected master
+    def __init__(self, address: str, timeout: float = 5.0, secret: ClusterSecret | None = None) -> None:
+        self._client = master_rpc(address, timeout=timeout, secret=secret)  # etcd://... follows the elected master
 
     def publish(self, descriptor: SegmentDescriptor) -> int:
         return int(self._client.call("te.meta.put", {"descriptor": descriptor.to_wire()})["version"])
@@ -66,9 +67,11 @@ class MasterMetadata:
 
 
 class P2PMetadata:
-    def __init__(self, local: Callable[[], SegmentDescriptor], timeout: float = 5.0) -> None:
+    def __init__(self, local: Callable[[], SegmentDescriptor], timeout: float = 5.0,
+                 secret: ClusterSecret | None = None) -> None:
         self._local = local
         self._timeout = timeout
+        self._secret = secret
         self._version = 0
         self._lock = threading.Lock()
 
@@ -83,7 +86,7 @@ class P2PMetadata:
         if not sep or not port.isdigit():
             raise SegmentNotFound(f"P2P segment names are host:port, not {name!r}")
         try:
-            with RpcClient(f"tcp://{host}:{port}", timeout=self._timeout) as client:
+            with RpcClient(f"tcp://{host}:{port}", timeout=self._timeout, secret=self._secret) as client:
                 wire = client.call(EXCHANGE_OP, {"descriptor": self._local().to_wire()})
         except RpcError as exc:
             raise SegmentNotFound(f"no engine answered at {name}: {exc.message}") from None

@@ -7,6 +7,12 @@ pass ``metadata_server="http://h:8080/metadata"`` keep working:
     PUT    /metadata?key=K     body is the value -> 200
     DELETE /metadata?key=K     -> 200, or 404 when there was no such key
 
+Given a token (:attr:`transfer.auth.ClusterSecret.http_token`, derived from the cluster
+secret), the server answers only requests carrying ``Authorization: Bearer <token>``: 401
+without one, 403 with a wrong one. That covers reads too: a descriptor names the addresses of
+a segment's memory, and every client of this server is our own engine, which sends the token.
+Without a token it is open, as Mooncake's is.
+
 The server stores opaque bytes. :class:`HttpMetadata` keeps each engine's descriptor (JSON of
 :meth:`SegmentDescriptor.to_wire`) under ``mooncake/ram/<segment name>``, the key Mooncake uses
 for RAM segments; the value format is ours, so engines of the C++ system cannot read it.
@@ -14,8 +20,10 @@ for RAM segments; the value format is ours, so engines of the C++ system cannot 
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
+import logging
 import threading
 import urllib.error
 import urllib.parse
@@ -24,6 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
+from transfer.rpc.log_throttle import LogThrottle
+
+log = logging.getLogger(__name__)
 
 RAM_PREFIX = "mooncake/ram/"
 MAX_VALUE = 16 << 20  # a descriptor is a few KiB; refuse bodies that cannot be one
@@ -33,8 +44,11 @@ MAX_TOTAL = 256 << 20  # bytes of all values together
 class HttpMetadataServer:
     """The key-value store behind the protocol, served from a thread until :meth:`close`."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8080, max_entries: int = 16384) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 8080, max_entries: int = 16384,
+                 token: str | None = None) -> None:
         self.max_entries = max_entries
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._refusals = LogThrottle(log)
         self._values: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer((host, port), self._handler())
@@ -56,9 +70,13 @@ class HttpMetadataServer:
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         values, lock, max_entries = self._values, self._lock, self.max_entries
+        expected, refusals = self._expected, self._refusals
 
         class Handler(BaseHTTPRequestHandler):
             def _key(self) -> str | None:
+                """The request's key once it is authorized; None when it was answered already."""
+                if expected is not None and not self._authorized():
+                    return None
                 url = urllib.parse.urlsplit(self.path)
                 keys = urllib.parse.parse_qs(url.query).get("key")
                 if url.path.rstrip("/") != "/metadata" or not keys:
@@ -66,8 +84,24 @@ class HttpMetadataServer:
                     return None
                 return keys[0]
 
-            def _answer(self, status: int, body: bytes) -> None:
+            def _authorized(self) -> bool:
+                given = self.headers.get("Authorization")
+                if given is not None and hmac.compare_digest(given.encode(errors="replace"), expected):
+                    return True
+                why = "no token" if given is None else "a wrong token"
+                refusals.warning((self.client_address[0], why), "refused HTTP metadata %s from %s: %s",
+                                 self.command, self.client_address[0], why)
+                if given is None:
+                    self._answer(401, b"this metadata server requires the cluster's token "
+                                      b"(Authorization: Bearer ...)", {"WWW-Authenticate": "Bearer"})
+                else:
+                    self._answer(403, b"wrong token: not the cluster's")
+                return False
+
+            def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -116,14 +150,16 @@ class HttpMetadataServer:
 class HttpMetadata:
     """A :class:`transfer.metadata.client.MetadataBackend` over an HTTP metadata server."""
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, token: str | None = None) -> None:
         self.url, self.timeout = url, timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._versions = itertools.count(1)
 
     def _request(self, method: str, key: str, body: bytes | None = None) -> bytes | None:
         """The response body, or None for 404; RpcError when the server cannot be reached."""
         query = urllib.parse.urlencode({"key": key})
-        request = urllib.request.Request(f"{self.url}?{query}", data=body, method=method)
+        request = urllib.request.Request(f"{self.url}?{query}", data=body, method=method,
+                                         headers=self._headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return response.read()

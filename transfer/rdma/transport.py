@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from collections.abc import Callable
 
+from transfer.auth import ClusterSecret
 from transfer.batch import OpCode, Slice
 from transfer.batch import cut
 from transfer.descriptor import BufferDesc, RdmaDeviceDesc, SegmentDescriptor
@@ -56,12 +57,14 @@ class RdmaTransport(Transport):
 
     def __init__(self, devices: list[tuple[Device, DevicePlan]], identity: Callable[[], tuple[str, str]],
                  sink: SliceSink, matrix: dict, *, slice_size: int, qps_per_endpoint: int,
-                 pool_size: int, handshake_timeout: float, path_cooldown: float, gpudirect: bool) -> None:
+                 pool_size: int, handshake_timeout: float, path_cooldown: float, gpudirect: bool,
+                 secret: ClusterSecret | None = None) -> None:
         self._devices = {plan.name: (device, plan) for device, plan in devices}
         self._identity, self._sink = identity, sink
         self.paths = PathSet(rdma_matrix(matrix, list(self._devices)), path_cooldown)
         self._slice_size, self._qps_per_endpoint = slice_size, qps_per_endpoint
         self._handshake_timeout = handshake_timeout
+        self._secret = secret
         self.gpudirect = gpudirect
         self.disabled = ""  # why the engine stopped choosing this transport, if it did
         self._lock = threading.Lock()
@@ -190,7 +193,7 @@ class RdmaTransport(Transport):
         try:
             mine = [local_info(plan, qp.qpn) for qp in qps]
             name, incarnation = self._identity()
-            with RpcClient(peer.rpc_address, timeout=self._handshake_timeout) as client:
+            with RpcClient(peer.rpc_address, timeout=self._handshake_timeout, secret=self._secret) as client:
                 reply = client.call(CONNECT_OP, {
                     "initiator": name, "incarnation": incarnation, "device": local_device,
                     "peer_device": remote_device, "qps": [info.to_wire() for info in mine]})

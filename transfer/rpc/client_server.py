@@ -21,6 +21,10 @@ ZeroMQ socket must only ever be touched by the thread that polls it.
 A server may also listen on ``unix://PATH`` (:mod:`transfer.rpc.stream`): the same messages over
 a Unix stream socket, which the same I/O thread polls beside the ZeroMQ socket. A client given a
 ``unix://`` address speaks that transport; any other address goes through ZeroMQ.
+
+Given the cluster secret, a server admits only clients that hold it too: ZeroMQ CURVE on its
+ZeroMQ endpoints (:mod:`transfer.rpc.curve`), a challenge on each unix:// connection
+(:mod:`transfer.rpc.stream`). Without one, both are open to any local user who can connect.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ from collections.abc import Callable, Sequence
 import msgpack
 import zmq
 
-from transfer.rpc import stream
+from transfer.auth import ClusterSecret
+from transfer.rpc import curve, stream
 from transfer.rpc.log_throttle import LogThrottle
 from transfer.errors import (
+    AuthenticationFailed,
     HandlerFailed,
     MalformedMessage,
     MessageTooLarge,
@@ -107,10 +113,13 @@ class RpcServer:
         handler_threads: int = 8,
         busy_poll: float = 0.0,
         context: zmq.Context | None = None,
+        secret: ClusterSecret | None = None,
     ) -> None:
         self._context = context or zmq.Context.instance()
         self._busy_poll = busy_poll
+        self._secret = secret
         self._socket = self._context.socket(zmq.ROUTER)
+        self._refusals = curve.RefusalLog(curve.make_server(self._socket, self._context, secret)) if secret else None
         self._socket.setsockopt(zmq.LINGER, 0)
         # A peer that disconnects while we reply must not make send() raise or block.
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -137,6 +146,7 @@ class RpcServer:
         self._poll_items_stale = True
         self.num_served = 0
         self._failures = LogThrottle(log)
+        self._stream_refusals = LogThrottle(log)
 
     def bind(self, endpoint: str) -> str:
         """Serve on ``endpoint`` as well, e.g. a ``unix://`` stream socket (or a ZeroMQ ipc://
@@ -168,6 +178,8 @@ class RpcServer:
         if self._thread:
             self._thread.join(timeout=max(1.0, drain_timeout))
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._refusals:
+            self._refusals.close(self._socket)
         self._socket.close(linger=0)
         for connection in self._streams.values():
             connection.close()
@@ -202,6 +214,8 @@ class RpcServer:
                     self._answer(message[0], message[1:2], [f.buffer for f in message[2:]])
                 elif item == wake:
                     self._send_finished_replies()
+                elif self._refusals and item is self._refusals.monitor:
+                    self._refusals.read()
                 else:
                     self._stream_ready(item, events)
                     if self._busy_poll:
@@ -211,6 +225,8 @@ class RpcServer:
     def _poll_items(self) -> list:
         self._poll_items_stale = False
         items = [(self._socket, _POLLIN), (self._wake_read, _POLLIN)]
+        if self._refusals:
+            items.append((self._refusals.monitor, _POLLIN))
         items += [(fd, _POLLIN) for fd in self._listeners]
         for fd, connection in self._streams.items():
             reading, writing = connection.interest
@@ -221,7 +237,7 @@ class RpcServer:
         listener = self._listeners.get(fd)
         if listener is not None:
             for sock in listener.accept():
-                connection = stream.ServerConnection(sock, self.max_message_size)
+                connection = stream.ServerConnection(sock, self.max_message_size, self._secret)
                 self._streams[connection.fd] = connection
             self._poll_items_stale = True
             return
@@ -234,13 +250,20 @@ class RpcServer:
         if events & ~_POLLOUT:
             try:
                 for message in connection.receive():
-                    if isinstance(message, stream.Oversized):
+                    if not connection.authenticated:
+                        self._admit(connection, message)
+                        if not connection.open:
+                            break
+                    elif isinstance(message, stream.Oversized):
                         self._reply(connection, [_error_header(_peek_id(message.header), MessageTooLarge(
                             f"message of {message.size} bytes exceeds the limit of "
                             f"{self.max_message_size} bytes"))])
                     else:
                         self._answer(connection, message[:1], message[1:])
             except stream.ConnectionLost:
+                if not connection.authenticated:
+                    self._stream_refusals.warning("left", "a unix:// client left without proving it holds "
+                                                  "the cluster secret")
                 connection.close()
             except MooncakeError as exc:  # a bad frame table: where the next message starts is lost
                 connection.send([_error_header(None, exc)])
@@ -252,6 +275,17 @@ class RpcServer:
             self._poll_items_stale = True
         if connection.open and connection.reader.buffered:
             self._enforce_buffer_budget()
+
+    def _admit(self, connection: stream.ServerConnection, proof: Any) -> None:
+        """A unix:// connection's first message: its proof of the secret, or it is closed."""
+        reason = connection.admit(proof)
+        if reason is None:
+            return
+        self._stream_refusals.warning(reason, "refused a unix:// control connection: %s", reason)
+        connection.send([_error_header(None, AuthenticationFailed(
+            f"connection refused: {reason}; give the client the cluster secret "
+            "(MOONCAKE_CLUSTER_SECRET or cluster_secret_file)"))])
+        connection.close()
 
     def _enforce_buffer_budget(self) -> None:
         """Close the connections holding the most unfinished request bytes until all of them
@@ -431,9 +465,11 @@ class PendingCall:
 class _ZmqChannel:
     """A DEALER socket: what :class:`RpcClient` uses for tcp:// and ipc:// addresses."""
 
-    def __init__(self, context: zmq.Context, address: str) -> None:
+    def __init__(self, context: zmq.Context, address: str, secret: ClusterSecret | None) -> None:
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if secret:
+            curve.make_client(self.socket, secret)
         self.socket.connect(address)
         self._poll_items = [(self.socket, _POLLIN)]
         self.address = address
@@ -469,7 +505,8 @@ class RpcClient:
     ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc.stream`), any other address
     ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
     (an RpcError) and the next call connects again. ``busy_poll``: on a stream, how long a call
-    polls for its reply without sleeping before it blocks."""
+    polls for its reply without sleeping before it blocks. ``secret``: the cluster secret, which
+    a daemon that has one requires (see :func:`transfer.auth.cluster_secret`)."""
 
     def __init__(
         self,
@@ -479,9 +516,11 @@ class RpcClient:
         max_message_size: int | None = None,
         busy_poll: float = 0.0,
         context: zmq.Context | None = None,
+        secret: ClusterSecret | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
+        self.secret = secret
         self.max_message_size = max_message_size
         self._context = context or zmq.Context.instance()
         self._lock = threading.Lock()
@@ -496,8 +535,8 @@ class RpcClient:
     def _connect(self) -> _ZmqChannel | stream.ClientChannel:
         if stream.is_stream_address(self.address):
             # Replies are not limited by our request limit: a daemon may answer with more.
-            return stream.ClientChannel(self.address, 0xFFFFFFFF)
-        return _ZmqChannel(self._context, self.address)
+            return stream.ClientChannel(self.address, 0xFFFFFFFF, self.secret)
+        return _ZmqChannel(self._context, self.address, self.secret)
 
     def close(self) -> None:
         """Close the connection. Calls still waiting on it, in other threads, end with RpcError:
@@ -564,7 +603,8 @@ class RpcClient:
                     remaining = call.deadline - time.monotonic()
                     if remaining <= 0:
                         self._give_up(call.id)
-                        raise RpcTimeout(f"{call.op}: no reply from {self.address} within the deadline")
+                        raise RpcTimeout(f"{call.op}: no reply from {self.address} within the deadline"
+                                         + self._timeout_hint())
                     # Poll in short slices so other threads sharing this client get the socket
                     # too; what a poll brings in is looked at before the lock is let go.
                     slice_ms = 0 if time.perf_counter() < spin_until else max(1, int(min(remaining, 0.02) * 1000))
@@ -576,6 +616,15 @@ class RpcClient:
         if isinstance(outcome, MooncakeError):
             raise outcome
         return outcome
+
+    def _timeout_hint(self) -> str:
+        """ZeroMQ drops a connection whose CURVE handshake failed without a word, so a wrong
+        secret looks like a dead daemon: say which it may be."""
+        if isinstance(self._channel, stream.ClientChannel):
+            return ""
+        if self.secret:
+            return " (is the cluster secret right?)"
+        return " (is it down, or does it require a cluster secret this client lacks?)"
 
     def _take(self, request_id: int) -> Reply | MooncakeError | None:
         """The call's outcome if it has arrived, else None. Called under the lock."""

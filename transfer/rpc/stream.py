@@ -10,6 +10,14 @@ header frame and bulk frames, read and written by the caller's own thread, frame
 A body over the size limit is skipped unread and answered with an error. A peer whose frame
 table is malformed gets an error reply and its connection is closed: its lengths cannot be
 trusted to find the next message.
+
+Each connection opens with a challenge, once, off the per-request path: the server's first
+message is msgpack ``{"auth": "hmac-sha256", "nonce": 16 random bytes}`` (``{"auth": nil}`` when
+it has no cluster secret), and a client answers with ``{"proof": HMAC-SHA256(secret,
+"mooncake-rpc" + nonce)}`` as its first message. A wrong or
+missing proof gets an AUTHENTICATION_FAILED error (id nil) and the connection is closed; a right
+one ``{"auth": "ok"}``, which the client awaits before its first request. The
+socket file is 0600 in the 0700 run directory besides, so other users cannot even connect.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import time
 from typing import Any
 from collections.abc import Sequence
 
-from transfer.errors import MalformedMessage, RpcError, RpcTimeout
+import msgpack
+
+from transfer.auth import RPC_PURPOSE, ClusterSecret, new_nonce
+from transfer.errors import AuthenticationFailed, MalformedMessage, RpcError, RpcTimeout, error_from_wire
 
 SCHEME = "unix://"
 
@@ -199,6 +210,8 @@ class StreamListener:
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.socket.bind(self.path)
+            # Only our own user may connect (connecting needs write permission on the file).
+            os.chmod(self.path, 0o600)
             self.socket.listen(128)
         except OSError:
             self.socket.close()
@@ -253,12 +266,30 @@ BACKLOG_LIMIT = 8 << 20
 class ServerConnection:
     """One accepted client on a server's I/O thread: its reader and the replies not yet sent."""
 
-    def __init__(self, sock: socket.socket, max_message_size: int) -> None:
+    def __init__(self, sock: socket.socket, max_message_size: int, secret: ClusterSecret | None = None) -> None:
         self.socket = sock
         self.fd = sock.fileno()
         self.reader = MessageReader(body_limit(max_message_size))
         self.unsent: list[Buffer] = []
         self.open = True
+        self._secret = secret
+        self._nonce = new_nonce() if secret else b""
+        self.authenticated = secret is None
+        self.send([msgpack.packb({"auth": "hmac-sha256" if secret else None, "nonce": self._nonce})])
+
+    def admit(self, message: list[memoryview] | Oversized) -> str | None:
+        """Check the client's first message, its proof; why it fails, or None when it holds."""
+        try:
+            answer = msgpack.unpackb(message[0], raw=False) if isinstance(message, list) and len(message) == 1 else None
+        except Exception:
+            answer = None
+        if not isinstance(answer, dict) or "proof" not in answer:
+            return "the client sent no proof of the cluster secret (it has none)"
+        if not self._secret.verify(RPC_PURPOSE, self._nonce, answer["proof"]):
+            return "the client's proof does not match the cluster secret (a wrong secret)"
+        self.authenticated = True
+        self.send([msgpack.packb({"auth": "ok"})])
+        return None
 
     @property
     def interest(self) -> tuple[bool, bool]:
@@ -312,10 +343,11 @@ class ServerConnection:
 class ClientChannel:
     """The client end: connects on first use, and again after the connection was lost."""
 
-    def __init__(self, address: str, max_message_size: int) -> None:
+    def __init__(self, address: str, max_message_size: int, secret: ClusterSecret | None = None) -> None:
         self.address = address
         self.path = socket_path(address)
         self.max_message_size = max_message_size
+        self.secret = secret
         self._socket: socket.socket | None = None
         self._reader: MessageReader | None = None
         self._poller = select.poll()
@@ -323,8 +355,14 @@ class ClientChannel:
     def _connected(self, op: str, deadline: float) -> socket.socket:
         if self._socket is None:
             sock = self._connect(op, deadline)
+            reader = MessageReader(body_limit(self.max_message_size))
+            try:
+                self._answer_challenge(sock, reader, op, deadline)
+            except BaseException:
+                sock.close()
+                raise
             sock.setblocking(False)
-            self._socket, self._reader = sock, MessageReader(body_limit(self.max_message_size))
+            self._socket, self._reader = sock, reader
             self._poller = select.poll()
             self._poller.register(sock.fileno(), select.POLLIN)
         return self._socket
@@ -349,6 +387,54 @@ class ClientChannel:
             except OSError as exc:
                 sock.close()
                 raise RpcError(f"{op}: cannot reach {self.address}: {exc.strerror or exc}") from None
+
+    def _answer_challenge(self, sock: socket.socket, reader: MessageReader, op: str, deadline: float) -> None:
+        """Read the server's challenge, send our proof and wait for the verdict: a refusal then
+        reaches us as the server's error, not as a broken pipe under our first request."""
+        challenge = self._read_greeting(sock, reader, op, deadline)
+        if not challenge.get("auth"):
+            return
+        if self.secret is None:
+            raise AuthenticationFailed(
+                f"{op}: {self.address} requires the cluster secret and this client has none "
+                "(set MOONCAKE_CLUSTER_SECRET or cluster_secret_file)")
+        nonce = challenge.get("nonce")
+        if not isinstance(nonce, bytes):
+            raise MalformedMessage(f"{op}: {self.address} sent a challenge without a nonce")
+        try:
+            sock.sendall(encode([msgpack.packb({"proof": self.secret.proof(RPC_PURPOSE, nonce)})])[0])
+        except OSError as exc:
+            raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
+        verdict = self._read_greeting(sock, reader, op, deadline)
+        if verdict.get("auth") == "ok":
+            return
+        if verdict.get("ok") is False:
+            raise error_from_wire(verdict.get("error"))
+        raise MalformedMessage(f"{op}: {self.address} answered our proof with neither yes nor no")
+
+    def _read_greeting(self, sock: socket.socket, reader: MessageReader, op: str, deadline: float) -> dict:
+        """One handshake message (a msgpack map), read within the deadline."""
+        messages: list = []
+        try:
+            while not messages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(CHUNK)
+                if not data:
+                    raise ConnectionLost(f"{op}: {self.address} closed the connection during the handshake")
+                messages = reader.feed(data)
+            message = msgpack.unpackb(messages[0][0], raw=False) if isinstance(messages[0], list) else None
+        except TimeoutError:
+            raise RpcTimeout(f"{op}: {self.address} did not complete the handshake within the deadline") from None
+        except OSError as exc:
+            raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
+        except (ValueError, msgpack.UnpackException):
+            message = None
+        if not isinstance(message, dict) or len(messages) != 1:
+            raise MalformedMessage(f"{op}: {self.address} broke the handshake")
+        return message
 
     def send(self, op: str, frames: Sequence[Buffer], deadline: float) -> None:
         sock = self._connected(op, deadline)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
+from transfer.auth import ClusterSecret
 from transfer.tcp.wire import (MAX_GROUP, PeerClosed, Refused, ResponseReader, hello, request_group,
                                send_all, tune)
 from transfer.transport import SliceSink
@@ -29,8 +30,9 @@ _MAX_BYTES_PER_SEND = 8 << 20
 class Connection:
     def __init__(self, peer: SegmentDescriptor, nic: str, local_host: str | None,
                  remote: Endpoint, sink: SliceSink, handshake_timeout: float,
-                 on_dead: Callable[[Connection], None]) -> None:
+                 on_dead: Callable[[Connection], None], secret: ClusterSecret | None = None) -> None:
         self.peer, self.nic, self.local_host, self.remote = peer, nic, local_host, remote
+        self._secret = secret
         self._sink, self._handshake_timeout, self._on_dead = sink, handshake_timeout, on_dead
         self._cv = threading.Condition()
         self._queue: deque[Slice] = deque()
@@ -116,7 +118,7 @@ class Connection:
                                         timeout=self._handshake_timeout, source_address=source)
         try:
             tune(sock)
-            hello(sock, self.peer)
+            hello(sock, self.peer, self._secret)
             sock.settimeout(None)  # from here the watchdog, not a socket timeout, bounds waits
         except BaseException:
             sock.close()
@@ -201,7 +203,7 @@ class Connection:
             self._queue.clear()
         self._on_dead(self)
         for piece in pieces:
-            self._sink.failed(piece, f"segment {self.peer.name} is stale: {reason}", None, fatal=True)
+            self._sink.failed(piece, f"segment {self.peer.name} refused the connection: {reason}", None, fatal=True)
 
     def _thread_exit(self) -> None:
         with self._cv:

@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from transfer.auth import TCP_DATA_PURPOSE, ClusterSecret, new_nonce
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint
 from transfer.errors import AddressNotRegistered
 from transfer.memory import MemoryRegistry
+from transfer.rpc.log_throttle import LogThrottle
 from transfer.tcp.wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
                                REQUEST, RESPONSE, PeerClosed, advance, recv_exact, recv_message,
                                send_all, send_message, tune)
@@ -31,10 +33,14 @@ _DRAIN_CHUNK = 1 << 20
 
 class TcpTarget:
     def __init__(self, registry: MemoryRegistry, identity: Callable[[], tuple[str, str]],
-                 listen: list[tuple[str, str]]) -> None:
-        """``identity`` returns (segment name, incarnation); ``listen`` is (nic, host) pairs."""
+                 listen: list[tuple[str, str]], secret: ClusterSecret | None = None) -> None:
+        """``identity`` returns (segment name, incarnation); ``listen`` is (nic, host) pairs;
+        ``secret``: when given, only initiators proving they hold it are served."""
         self._registry = registry
         self._identity = identity
+        self._secret = secret
+        self._refusals = LogThrottle(log)
+        self.num_refused = 0
         self._selector = selectors.DefaultSelector()
         self._listeners: list[socket.socket] = []
         self.endpoints: list[Endpoint] = []
@@ -93,7 +99,13 @@ class TcpTarget:
         try:
             tune(conn)
             conn.settimeout(5.0)  # a client that connects and says nothing must not pin a thread
+            nonce = new_nonce()
+            send_message(conn, {"nonce": nonce, "auth": self._secret is not None})
             hello = recv_message(conn)
+            if self._secret and not self._secret.verify(TCP_DATA_PURPOSE, nonce, hello.get("proof")):
+                self._refuse(conn, "no proof of the cluster secret" if hello.get("proof") is None
+                             else "a wrong proof of the cluster secret")
+                return
             name, incarnation = self._identity()
             if hello.get("segment") != name or hello.get("incarnation") != incarnation:
                 send_message(conn, {"ok": False, "error": f"stale: {name} is now incarnation {incarnation}"})
@@ -107,6 +119,12 @@ class TcpTarget:
             with self._lock:
                 self._connections.discard(conn)
             conn.close()
+
+    def _refuse(self, conn: socket.socket, reason: str) -> None:
+        self.num_refused += 1
+        peer = _peer_host(conn)
+        self._refusals.warning((peer, reason), "refused a TCP data connection from %s: %s", peer, reason)
+        send_message(conn, {"ok": False, "error": f"refused: {reason}"})
 
     def _serve_requests(self, conn: socket.socket) -> None:
         group = bytearray(GROUP.size)
@@ -189,6 +207,13 @@ def _receive_writes(conn: socket.socket, views: list[memoryview],
 def _send_acks(conn: socket.socket, acks: list[bytes]) -> None:
     if acks:
         send_all(conn, [FRAME.pack(ACKS, len(acks)) + b"".join(acks)])
+
+
+def _peer_host(sock: socket.socket) -> str:
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return "a peer that left"
 
 
 def _shutdown(sock: socket.socket) -> None:

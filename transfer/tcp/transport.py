@@ -25,6 +25,7 @@ from transfer.sieve import SieveCache
 from transfer.tcp.connection import Connection
 from transfer.tcp.inline import InlineLink, Move
 from transfer.tcp.server import TcpTarget
+from transfer.auth import ClusterSecret
 from transfer.tcp.wire import Refused
 from transfer.transport import SliceSink, Transport
 
@@ -37,7 +38,7 @@ class TcpTransport(Transport):
     def __init__(self, registry: MemoryRegistry, identity, sink: SliceSink, paths: PathSet,
                  nic_addresses: dict[str, str], listen: list[tuple[str, str]], *,
                  streams_per_path: int, pool_size: int, handshake_timeout: float,
-                 slice_timeout: float) -> None:
+                 slice_timeout: float, secret: ClusterSecret | None = None) -> None:
         self._sink, self._paths, self._nic_addresses = sink, paths, dict(nic_addresses)
         self._streams = streams_per_path
         self._handshake_timeout, self._slice_timeout = handshake_timeout, slice_timeout
@@ -48,7 +49,8 @@ class TcpTransport(Transport):
         # reused by a new thread, which then reuses its link: never two threads at once.
         self._links: dict[tuple, InlineLink] = {}
         self.num_evicted = 0
-        self.target = TcpTarget(registry, identity, listen)
+        self._secret = secret
+        self.target = TcpTarget(registry, identity, listen, secret)
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="tcp-watchdog", daemon=True)
         self._watchdog.start()
@@ -91,7 +93,7 @@ class TcpTransport(Transport):
         if connection is not None and not connection.dead:
             return connection
         connection = Connection(peer, nic, local_host, remote, self._sink, self._handshake_timeout,
-                                on_dead=lambda c, key=key: self._drop(key, c))
+                                on_dead=lambda c, key=key: self._drop(key, c), secret=self._secret)
         for _, evicted in self._pool.put(key, connection):
             self.num_evicted += 1
             self._retiring.add(evicted)
@@ -112,7 +114,7 @@ class TcpTransport(Transport):
                 link = self._link(key, peer, nic)
             statuses = link.move(moves)
         except Refused as exc:
-            return [TransferFailed(f"segment {peer.name} is stale: {exc}")] * len(moves)
+            return [TransferFailed(f"segment {peer.name} refused the connection: {exc}")] * len(moves)
         except (OSError, ConnectionError, ValueError) as exc:
             if link is not None:
                 self._close_link(key, link)
@@ -126,7 +128,7 @@ class TcpTransport(Transport):
     def _link(self, key: tuple, peer: SegmentDescriptor, nic: str) -> InlineLink:
         local_host = self._local_address(nic)
         link = InlineLink(peer, local_host, _match_endpoint(peer.endpoints, local_host, nic),
-                          self._handshake_timeout, self._slice_timeout)
+                          self._handshake_timeout, self._slice_timeout, self._secret)
         with self._lock:
             closed = self._stop.is_set()
             if not closed:

@@ -1,9 +1,14 @@
 """The TCP data-plane framing, shared by the initiator and the target side.
 
-After connecting, the initiator sends a hello (4-byte length + msgpack ``{"segment",
-"incarnation"}``) and the target answers ``{"ok", "error"}``: a connection to a restarted peer
-is refused as stale instead of writing at addresses that now mean something else. Then the
-initiator sends request *groups* and the target answers with response *frames*:
+On accept, the target sends a challenge (4-byte length + msgpack ``{"nonce": 16 random bytes,
+"auth": bool}``); the initiator answers with its hello ``{"segment", "incarnation", "proof"}``,
+where proof is HMAC-SHA256(cluster secret, "mooncake-tcp-data" + nonce), and the target answers
+``{"ok", "error"}``. A target that has the cluster secret refuses a hello without the right proof:
+nobody without the secret reads or writes its registered memory. A fresh nonce per connection
+means a proof overheard on the wire cannot be replayed (a timestamped one could, until it
+expired, and would need synchronised clocks). A connection to a restarted peer is refused as
+stale instead of writing at addresses that now mean something else. Then the initiator sends
+request *groups* and the target answers with response *frames*:
 
     group = GROUP (count) + count x REQUEST (op, slice id, remote address, length)
             + the payloads of the group's WRITEs, in request order
@@ -29,6 +34,7 @@ from collections.abc import Callable, Iterable
 
 import msgpack
 
+from transfer.auth import TCP_DATA_PURPOSE, ClusterSecret
 from transfer.batch import OpCode
 from transfer.descriptor import SegmentDescriptor
 
@@ -51,13 +57,21 @@ class PeerClosed(ConnectionError):
 
 
 class Refused(ConnectionError):
-    """The peer answered the hello with a refusal (it restarted: our descriptor is stale)."""
+    """The peer answered the hello with a refusal (it restarted: our descriptor is stale, or our
+    proof of the cluster secret is missing or wrong)."""
 
 
-def hello(sock: socket.socket, peer: SegmentDescriptor) -> None:
-    """The initiator's hello naming the ``peer`` incarnation it means; Refused if the target
-    is another one now."""
-    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation})
+def hello(sock: socket.socket, peer: SegmentDescriptor, secret: ClusterSecret | None) -> None:
+    """Answer the target's challenge with the hello naming the ``peer`` incarnation it means;
+    Refused if the target is another one now or does not accept our proof."""
+    challenge = recv_message(sock)
+    nonce = challenge.get("nonce")
+    if not isinstance(nonce, bytes):
+        raise ConnectionError("the target's challenge carries no nonce")
+    if challenge.get("auth") and secret is None:
+        raise Refused(f"{peer.name} requires the cluster secret and this engine has none")
+    proof = secret.proof(TCP_DATA_PURPOSE, nonce) if secret else None
+    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation, "proof": proof})
     answer = recv_message(sock)
     if not answer.get("ok"):
         raise Refused(str(answer.get("error", "handshake refused")))

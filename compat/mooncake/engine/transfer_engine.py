@@ -59,14 +59,16 @@ class TransferEngine:
             if self._engine is not None:
                 raise InvalidArgument("the engine is already initialized")
             host, _ = split_hostname(local_hostname)
-            metadata, name = self._metadata(metadata_server, local_hostname)
-            self._engine = OurEngine(name, metadata=metadata, host=bind_address(host),
-                                     options=EngineOptions.from_config(protocol=engine_protocol(protocol)))
+            # Resolved from the environment: MOONCAKE_CLUSTER_SECRET and the rest reach the drop-in.
+            options = EngineOptions.from_config(protocol=engine_protocol(protocol))
+            metadata, name = self._metadata(metadata_server, local_hostname, options)
+            self._engine = OurEngine(name, metadata=metadata, host=bind_address(host), options=options)
         except Exception as exc:
             return logged("initialize", exc)
         return 0
 
-    def _metadata(self, metadata_server: str, local_hostname: str) -> tuple[Any, str | None]:
+    def _metadata(self, metadata_server: str, local_hostname: str,
+                  options: EngineOptions) -> tuple[Any, str | None]:
         metadata_server = check_metadata_server(metadata_server)
         if metadata_server == P2P:
             return P2P, None
@@ -74,7 +76,8 @@ class TransferEngine:
             endpoints = metadata_server[len(ETCD_SCHEME):].partition("/")[0]
             return EtcdMetadata(endpoints, setting("cluster_id").default), local_hostname
         if metadata_server.startswith(("http://", "https://")):
-            return HttpMetadata(metadata_server), local_hostname
+            token = options.secret.http_token if options.secret else None
+            return HttpMetadata(metadata_server, token=token), local_hostname
         if metadata_server.startswith("tcp://"):
             return metadata_server, local_hostname
         raise InvalidArgument(f"metadata server {metadata_server!r}: this engine takes P2PHANDSHAKE, "

@@ -36,6 +36,7 @@ from mooncake._setup_args import (CLIENT_ID_SEPARATOR, P2P, SetupError, bind_add
 from mooncake.store.buffers import MemoryPool
 from store.client import StoreClient
 from store.errors import ObjectAlreadyExists
+from transfer.auth import cluster_secret
 from transfer.errors import MooncakeError
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
@@ -309,7 +310,7 @@ def _release(client: StoreClient, holder: socket.socket | None, client_id: str) 
 def _master_behind(address: str) -> str:
     """The master a dummy client joins: the one a store-client daemon at ``address`` serves, or
     ``address`` itself when a master answers there."""
-    with RpcClient(address, timeout=DUMMY_LOOKUP_TIMEOUT) as daemon:
+    with RpcClient(address, timeout=DUMMY_LOOKUP_TIMEOUT, secret=cluster_secret(resolve())) as daemon:
         status = daemon.call("status")
     if status.get("role") == "store-client":
         return status["master"]

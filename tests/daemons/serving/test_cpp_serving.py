@@ -64,14 +64,14 @@ def test_cold_prompts_match_the_reference(cluster, reference, length):
 
 @pytest.mark.parametrize("tail", [CHUNK + 9, 10])  # pipelined after the prefix; stage 0 alone
 def test_a_prefix_loaded_by_every_stage_gives_the_same_tokens(cluster, reference, tail):
-    _, url, info = cluster
+    runner, url, info = cluster
     group = next(d["name"] for d in info["daemons"] if d["role"] == "prefill")
     conductor = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
     shared = prompt(4 * BLOCK + 3, seed=tail)
     complete(url, prompt=shared + prompt(2 * CHUNK, seed=tail + 1)[1:], max_tokens=1)
     # The group puts the blocks after its report, and the index learns them from the master's
     # events: on a loaded machine the next request could be scheduled before either.
-    with RpcClient(conductor) as client:
+    with RpcClient(conductor, secret=runner.secret) as client:
         wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, BLOCK)], [group])
     second = shared + prompt(tail, seed=tail + 2)[1:]
     answer = complete(url, prompt=second, max_tokens=6)
@@ -88,7 +88,7 @@ def test_a_prompt_served_twice_is_a_local_hit_from_the_groups_own_segment(cluste
     keys = prefix_block_keys(tokens, BLOCK)
     wanted = [format_key(k) for k in keys]
     # The index names the group (not the pool) because its heartbeat announces its segment.
-    with RpcClient(conductor) as client:
+    with RpcClient(conductor, secret=runner.secret) as client:
         wait_for_holders(client, wanted, [group])
     answer = complete(url, prompt=tokens, max_tokens=6)
     summary = answer["mooncake"]
@@ -123,7 +123,7 @@ def test_a_prefix_pulled_from_the_pool_gets_a_replica_in_the_groups_segment(clus
             for layer in range(layers):
                 store.put(object_key(key, layer), kv.export_block(block, layer), preferred_segments=(pool,),
                           replicas=1)
-        with RpcClient(conductor) as client:
+        with RpcClient(conductor, secret=runner.secret) as client:
             wait_for_holders(client, wanted, [POOL])
         second = shared + prompt(20, seed=401)[1:]
         answer = complete(url, prompt=second, max_tokens=6)

@@ -64,7 +64,7 @@ def test_a_late_prefill_never_writes_into_pages_given_to_another_request(tmp_pat
                        "MOONCAKE_TBT_SLO": "0"})
     info = runner.json("up", timeout=120)
     pids = {d["name"]: d["pid"] for d in info["daemons"]}
-    clients = {d["name"]: RpcClient(d["address"], timeout=5) for d in info["daemons"]
+    clients = {d["name"]: RpcClient(d["address"], timeout=5, secret=runner.secret) for d in info["daemons"]
                if d["role"] in ("prefill", "decode")}
     try:
         url = next(d for d in info["daemons"] if d["role"] == "conductor")["http_address"]

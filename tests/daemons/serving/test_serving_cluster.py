@@ -103,7 +103,7 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(pd_c
     # when prefill workers announce one in their heartbeat, else the shared pool.
     runner_info = pd_cluster[2]
     address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
-    with RpcClient(address) as conductor:
+    with RpcClient(address, secret=pd_cluster[0].secret) as conductor:
         source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
     assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
@@ -220,7 +220,7 @@ def test_the_conductor_index_forgets_what_the_store_removed(pd_cluster):
     complete(url, prompt=tokens, max_tokens=1)
     keys = prefix_block_keys(tokens, BLOCK)
     wanted = [format_key(k) for k in keys]
-    with RpcClient(address) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+    with RpcClient(address, secret=runner.secret) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
         def holders() -> list[list[str]]:
             return [conductor.call("conductor.index", {"blocks": wanted})["holders"][k] for k in wanted]
 

@@ -46,12 +46,22 @@ def stream_server(tmp_path):
     proc.kill()
 
 
-def raw_exchange(path: str, data: bytes) -> tuple[dict | None, bool]:
-    """Send raw bytes; return the decoded reply header (None if none came) and whether the
-    server then closed the connection."""
+def connect_raw(path: str) -> socket.socket:
+    """A raw connection past the server's greeting (a challenge only when it has a secret)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     sock.connect(path)
+    reader, greeting = MessageReader(1 << 30), []
+    while not greeting:
+        greeting = reader.feed(sock.recv(65536))
+    assert msgpack.unpackb(greeting[0][0])["auth"] is None
+    return sock
+
+
+def raw_exchange(path: str, data: bytes) -> tuple[dict | None, bool]:
+    """Send raw bytes; return the decoded reply header (None if none came) and whether the
+    server then closed the connection."""
+    sock = connect_raw(path)
     try:
         sock.sendall(data)
         reader = MessageReader(1 << 30)
@@ -82,9 +92,7 @@ def test_reader_reassembles_messages_split_at_every_byte():
 
 
 def test_oversized_message_is_skipped_with_an_error_reply_and_the_stream_stays_usable(stream_server, tmp_path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.connect(str(tmp_path / "daemon.sock"))
+    sock = connect_raw(str(tmp_path / "daemon.sock"))
     try:
         too_big = [msgpack.packb({"id": 41, "op": "echo", "args": {}}), bytes(MAX_SIZE + 8192)]
         fine = [msgpack.packb({"id": 42, "op": "echo", "args": {"n": 42}})]
@@ -118,9 +126,7 @@ def test_malformed_frame_table_gets_an_error_reply(stream_server, tmp_path, body
 
 
 def test_malformed_header_on_a_good_frame_keeps_the_connection(stream_server, tmp_path):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.connect(str(tmp_path / "daemon.sock"))
+    sock = connect_raw(str(tmp_path / "daemon.sock"))
     try:
         reader = MessageReader(1 << 30)
         for frames in ([b"\xc1 not msgpack"], [msgpack.packb({"id": 5, "op": "echo", "args": {"n": 5}})]):
@@ -234,8 +240,8 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_server_without_bo
     address = server.bind(f"unix://{tmp_path / 'flood.sock'}")
     server.register("echo", lambda r: Reply(r.args, r.frames))
     server.start()
-    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    flood.connect(str(tmp_path / "flood.sock"))
+    flood = connect_raw(str(tmp_path / "flood.sock"))
+    flood.settimeout(None)
     bulk = bytes(range(256)) * (MAX_SIZE // 256)
     requests = [b"".join(bytes(b) for b in encode([msgpack.packb({"id": i, "op": "echo", "args": {}}), bulk]))
                 for i in range(40)]
@@ -271,8 +277,7 @@ def test_slow_senders_together_cannot_make_the_server_hold_more_than_its_budget(
         whole = b"".join(bytes(b) for b in encode([msgpack.packb({"id": 1, "op": "echo", "args": {}}),
                                                    bytes(int(1.5 * MAX_SIZE))]))
         for _ in range(8):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(str(tmp_path / "slow.sock"))
+            sock = connect_raw(str(tmp_path / "slow.sock"))
             sock.sendall(whole[:-1000])  # all but the end: the server must hold it to finish it
             stalled.append(sock)
         time.sleep(0.5)
