@@ -16,6 +16,12 @@
     GET /query_segment?segment=S   "S\\nUsed(bytes): U\\nCapacity(bytes) : C\\n" (text);
                              an unknown segment: 500 "Failed to query segment", as Mooncake answers
 
+With a cluster secret (:mod:`transfer.auth`) the endpoints that name keys and memory addresses
+(``/query_key``, ``/batch_query_keys``, ``/get_all_keys``, ``/get_all_segments``,
+``/query_segment``) need ``Authorization: Bearer <token>``, the token the HTTP metadata server takes
+(a descriptor names the same addresses): 401 without it, 403 with a wrong one. The others stay
+open, for scrapers and load balancers.
+
 A memory replica's descriptor is Mooncake's ``{"size_", "buffer_address_", "protocol_",
 "transport_endpoint_"}`` (the endpoint is the owner's transfer-engine TCP address as host:port,
 hence "tcp"); a
@@ -27,6 +33,7 @@ answers the inspection endpoints 503 ``UNAVAILABLE_IN_CURRENT_MODE`` (-1011) as 
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +90,8 @@ class MasterView:
         return answer(self.daemon.store)
 
 
-def build_app(view: MasterView, registry: CollectorRegistry) -> Starlette:
+def build_app(view: MasterView, registry: CollectorRegistry, token: str | None) -> Starlette:
+    """``token``: what the inspection endpoints require as a bearer token; None: open."""
     # Plain functions: Starlette runs them on its thread pool, so the store lock they take never
     # blocks the event loop.
     def summary(request: Request) -> Response:
@@ -160,13 +168,34 @@ def build_app(view: MasterView, registry: CollectorRegistry) -> Starlette:
             return PlainTextResponse(f"{segment}\nUsed(bytes): {used}\nCapacity(bytes) : {capacity}\n")
         return view.with_store(answer)
 
+    inspect = _guarded(token)
     return Starlette(routes=[
         Route("/metrics", metrics_endpoint(registry)), Route("/metrics/summary", summary),
         Route("/health", health), Route("/role", role), Route("/leader", leader),
-        Route("/query_key", query_key), Route("/batch_query_keys", batch_query_keys),
-        Route("/get_all_keys", get_all_keys), Route("/get_all_segments", get_all_segments),
-        Route("/query_segment", query_segment),
+        Route("/query_key", inspect(query_key)), Route("/batch_query_keys", inspect(batch_query_keys)),
+        Route("/get_all_keys", inspect(get_all_keys)), Route("/get_all_segments", inspect(get_all_segments)),
+        Route("/query_segment", inspect(query_segment)),
     ])
+
+
+def _guarded(token: str | None) -> Callable[[Callable[[Request], Response]], Callable[[Request], Response]]:
+    """What wraps an endpoint that answers only to the cluster's bearer token (nothing, without one)."""
+    if token is None:
+        return lambda endpoint: endpoint
+    expected = f"Bearer {token}".encode()
+
+    def guard(endpoint: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        def checked(request: Request) -> Response:
+            given = request.headers.get("authorization")
+            if given is None:
+                return JSONResponse({"success": False, "error": "this endpoint requires the cluster's token "
+                                     "(Authorization: Bearer ...)"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+            if not hmac.compare_digest(given.encode(), expected):
+                return JSONResponse({"success": False, "error": "wrong token: not the cluster's"}, status_code=403)
+            return endpoint(request)
+        return checked
+    return guard
 
 
 def _replicas(state: Any, key: str) -> dict:

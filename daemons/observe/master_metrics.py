@@ -62,7 +62,9 @@ class MasterMetrics:
         return CountedOps(server, self.rpc_counts)
 
     def app(self) -> Any:
-        return build_app(MasterView(self.daemon), self.daemon.metrics_registry)
+        secret = self.daemon.secret
+        return build_app(MasterView(self.daemon), self.daemon.metrics_registry,
+                         secret.http_token if secret is not None else None)
 
     def families(self) -> Iterator[Metric]:
         daemon, election = self.daemon, self.daemon.election

@@ -5,6 +5,7 @@ leaves no port open."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, Mooncake
+from transfer.auth import read_secret_file, secret_file
 from tests.daemons.serving.helpers import SERVING_ENV, complete, prompt
 
 SMALL = {**SERVING_ENV, "MOONCAKE_PREFILL_WORKERS": "1", "MOONCAKE_DECODE_WORKERS": "1",
@@ -54,9 +56,10 @@ PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", 
 USED, OBJECTS = "mooncake_store_client_segment_used_bytes", "mooncake_store_client_segment_objects"
 
 
-def get(url: str) -> tuple[int, str, bytes]:
+def get(url: str, token: str | None = None) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers.get("content-type", ""), response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers.get("content-type", ""), error.read()
@@ -181,8 +184,14 @@ def test_master_inspection_endpoints_answer_in_mooncakes_shapes(cluster):
     master = base(daemons["master"])
     assert runner("put", "inspected", "-", input=b"0123456789").returncode == 0
     store_segment = runner.json("inspect", "segments")
+    # `up` made the cluster a secret: the endpoints naming keys and addresses want its HTTP token.
+    token = read_secret_file(secret_file(runner.workdir)).http_token
 
-    status, content_type, body = get(master + "/query_key?key=inspected")
+    authorized = functools.partial(get, token=token)
+    for path in ("/query_key?key=inspected", "/batch_query_keys?keys=inspected", "/get_all_keys",
+                 "/get_all_segments", f"/query_segment?segment={store_segment[0]['name']}"):
+        assert get(master + path)[0] == 401 and get(master + path, "0" * 64)[0] == 403
+    status, content_type, body = authorized(master + "/query_key?key=inspected")
     assert status == 200 and content_type.startswith("application/json")
     answer = json.loads(body)
     assert answer["success"] is True and len(answer["data"]) == 1
@@ -192,28 +201,28 @@ def test_master_inspection_endpoints_answer_in_mooncakes_shapes(cluster):
     ours = runner.json("inspect", "key", "inspected")["replicas"][0]
     assert replica["buffer_address_"] == ours["address"]
 
-    status, _, body = get(master + "/query_key?key=missing")
+    status, _, body = authorized(master + "/query_key?key=missing")
     assert status == 404
     assert json.loads(body) == {"success": False, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"}
 
-    status, _, body = get(master + "/batch_query_keys?keys=inspected,missing")
+    status, _, body = authorized(master + "/batch_query_keys?keys=inspected,missing")
     data = json.loads(body)
     assert status == 200 and data["success"] is True
     assert data["data"]["inspected"] == {"ok": True, "values": answer["data"]}
     assert data["data"]["missing"] == {"ok": False, "error": "OBJECT_NOT_FOUND"}
-    status, _, body = get(master + "/batch_query_keys")
+    status, _, body = authorized(master + "/batch_query_keys")
     assert status == 400 and json.loads(body) == {"success": False, "error": "No keys provided. Use ?keys=key1,key2,..."}
 
-    status, _, body = get(master + "/get_all_segments")
+    status, _, body = authorized(master + "/get_all_segments")
     listed = body.decode().splitlines()
     assert status == 200 and sorted(listed) == sorted(s["name"] for s in store_segment)
     segment = next(s for s in store_segment if s["segment_id"] == ours["segment_id"])
-    status, _, body = get(master + f"/query_segment?segment={segment['name']}")
+    status, _, body = authorized(master + f"/query_segment?segment={segment['name']}")
     assert status == 200
     assert body.decode() == (f"{segment['name']}\nUsed(bytes): {segment['used_bytes']}\n"
                              f"Capacity(bytes) : {segment['capacity_bytes']}\n")
-    assert get(master + "/query_segment?segment=nowhere")[:3:2] == (500, b"Failed to query segment")
-    assert "inspected" in get(master + "/get_all_keys")[2].decode().splitlines()
+    assert authorized(master + "/query_segment?segment=nowhere")[:3:2] == (500, b"Failed to query segment")
+    assert "inspected" in authorized(master + "/get_all_keys")[2].decode().splitlines()
 
     health = json.loads(get(master + "/health")[2])
     assert health == {"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": True,
