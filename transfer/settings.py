@@ -388,8 +388,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Blocks the conductor's cache index keeps at most; the least recently matched or "
        "stored go first.", minimum=1),
     _s("serving", "http_read_timeout", "duration", 10.0,
-       "How long the front end waits for the next piece of a request body; a client slower than "
-       "that gets 408 and is closed, so slow senders cannot hold connections open.", minimum=0.001),
+       "How long the front end waits for a request's headers, and for each piece of its body; a "
+       "client slower than that is closed (408 during the body), so slow senders cannot hold "
+       "connections open.", minimum=0.001),
     _s("serving", "http_max_body", "size", 2**20,
        "Largest HTTP request body the front end reads; larger ones get 413.", minimum=64),
     _s("serving", "request_timeout", "duration", 60.0,

@@ -82,8 +82,8 @@ class ConductorDaemon(Daemon):
         app = build_app(self.service, tokenizer, vocab_size(self.config, tokenizer), served_model_id(self.config),
                         self.config.http_max_body, self.config.default_max_tokens,
                         read_timeout=self.config.http_read_timeout)
-        self.http = HttpServer(app, self.config.bind_host, self.config.http_port,
-                               self.config.drain_timeout).start(self.config.start_timeout)
+        self.http = HttpServer(app, self.config.bind_host, self.config.http_port, self.config.drain_timeout,
+                               header_timeout=self.config.http_read_timeout).start(self.config.start_timeout)
         if self.config.master:
             # Other hosts need the address they can reach, not the one we bound.
             http_port = self.http.port

@@ -10,6 +10,7 @@ are cancelled with them, see :mod:`daemons.serving.request_thread`), and closes 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transfer.errors import SocketError
 
@@ -25,8 +27,45 @@ log = logging.getLogger(__name__)
 JOIN_MARGIN = 5.0  # seconds past the grace for the loop to wind down before we stop waiting
 
 
+class HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for a request's headers: uvicorn times out only the
+    idle gap after a response, so a client that connects and sends nothing, or trickles its
+    header lines, held a connection for as long as it liked. ``header_timeout`` is set on a
+    subclass per server (:func:`header_deadline`)."""
+
+    header_timeout = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        awaiting_headers = self.cycle is None or self.cycle.response_complete
+        if awaiting_headers and self._deadline is None:  # the next request on a kept-alive connection
+            self._deadline = self.loop.call_later(self.header_timeout, self._too_slow)
+        elif not awaiting_headers and self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+
+
+def header_deadline(seconds: float) -> type[HeaderDeadline]:
+    return type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": seconds})
+
+
 class HttpServer:
-    def __init__(self, app: Any, host: str, port: int, grace: float) -> None:
+    def __init__(self, app: Any, host: str, port: int, grace: float, header_timeout: float = 10.0) -> None:
+        """``header_timeout``: seconds a connection may take to send a request's headers."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self.socket = socket.create_server((host, port), family=family)
@@ -37,7 +76,8 @@ class HttpServer:
         self.grace = grace
         # log_config None: the daemon's logging stays as it is; no access log (one line per request).
         self.server = uvicorn.Server(uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", http="h11", loop="asyncio",
+            app, log_config=None, access_log=False, lifespan="off", http=header_deadline(header_timeout),
+            loop="asyncio",
             timeout_graceful_shutdown=grace))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="http", daemon=True)

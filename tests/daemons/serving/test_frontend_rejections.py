@@ -30,7 +30,8 @@ def frontend():
         service = ServingService(resolve(settings, environ={}))
         app = build_app(service, ByteTokenizer(), 259, "mooncake-random", 2**16, 4,
                         read_timeout=service.config.http_read_timeout)
-        server = HttpServer(app, "127.0.0.1", 0, grace=1.0).start(timeout=10)
+        server = HttpServer(app, "127.0.0.1", 0, grace=1.0,
+                            header_timeout=service.config.http_read_timeout).start(timeout=10)
         started.append(server)
         return server.url, service
 
@@ -119,3 +120,7 @@ def test_malformed_bodies_are_400_and_a_slow_body_is_408(frontend):
                      b"Content-Length: 100\r\n\r\n{")
         answer = slow.recv(4096)  # within the read timeout, not whenever the client pleases
         assert answer.startswith(b"HTTP/1.1 408") and b"http_read_timeout" in answer
+    for opening in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):  # silent, or slow headers
+        with socket.create_connection((host, int(port)), timeout=10) as slow:
+            slow.sendall(opening)
+            assert slow.recv(4096) == b""  # closed by the server, well before the client's 10 s
