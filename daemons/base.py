@@ -6,7 +6,10 @@ only sets an event (gunicorn's rule: handlers enqueue, the loop acts); the main 
 drains in-flight requests up to ``drain_timeout`` and exits.
 
 Every daemon answers ``health`` (cheap liveness), ``status`` (role, pid, uptime, counters) and
-``echo`` (returns its arguments and frames; the RPC benchmark uses it).
+``echo`` (returns its arguments and frames; the RPC benchmark uses it). Unless ``metrics_port`` is
+0 it also serves Prometheus ``/metrics`` over HTTP (:mod:`daemons.observe`): the series
+:meth:`Daemon.metric_families` reads from its live state at each scrape, on a free port (announced
+as ``metrics_url``) or, for a daemon that sets :attr:`Daemon.metrics_bind_port`, on that one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
+from functools import cached_property
 from typing import Any, ClassVar
 
 
@@ -32,6 +37,10 @@ log = logging.getLogger(__name__)
 class Daemon:
     role: ClassVar[str] = "daemon"
     tick_interval: ClassVar[float] = 0.5
+    # The port of the HTTP metrics server: 0, a free one (several daemons share a host); a master
+    # started on its own (`mooncake start master`) takes metrics_port, as mooncake_master does.
+    metrics_bind_port = 0
+    metrics_http = None  # the HTTP metrics server while it runs (daemons.observe.http_server.HttpServer)
 
     def __init__(self, name: str, paths: ClusterPaths, config: Config, cluster_id: str,
                  port: int = 0) -> None:
@@ -83,6 +92,25 @@ class Daemon:
         """Role-specific facts for ``status`` and the announce file."""
         return {}
 
+    def metric_families(self) -> Iterable[Any]:
+        """The daemon's Prometheus metric families, read from its live state at each scrape."""
+        return ()
+
+    def http_app(self) -> Any:
+        """The ASGI app its metrics port serves: ``/metrics`` and ``/health``."""
+        from daemons.observe.daemon_http import metrics_app
+
+        return metrics_app(self.metrics_registry, self.role)
+
+    @cached_property
+    def metrics_registry(self) -> Any:
+        """This daemon's own prometheus_client registry."""
+        # Imported on first use: `mooncake status` imports this module (through the launcher)
+        # and must not pay for prometheus_client, FastAPI and uvicorn.
+        from daemons.observe.registry import daemon_registry
+
+        return daemon_registry(self.metric_families)
+
     # -- the shared loop --------------------------------------------------------------------
 
     def run(self) -> int:
@@ -96,6 +124,7 @@ class Daemon:
             # What setup built (modules, a model's weights) lives as long as the process: keep
             # the cycle collector from rescanning it on every full pass.
             gc.freeze()
+            self._serve_metrics()
             self.server.start()
             write_json_atomic(self.paths.announce_file(self.name), {
                 "name": self.name, "role": self.role, "pid": os.getpid(),
@@ -104,6 +133,7 @@ class Daemon:
                 # whether the ipc endpoint is on its own host.
                 "hostname": socket.gethostname(),
                 **({"ipc_address": self.ipc_address} if self.ipc_address else {}),
+                **self._metrics_url(),
                 **self.describe(),
             })
             log.info("%s %s serving on %s", self.role, self.name, self.server.address)
@@ -119,7 +149,18 @@ class Daemon:
         self._record_exit("stopped by SIGTERM")
         return 0
 
+    def _serve_metrics(self) -> None:
+        if self.config.metrics_port:
+            from daemons.observe.daemon_http import serve
+
+            self.metrics_http = serve(self.http_app(), self.config.bind_host, self.metrics_bind_port, self.role)
+
+    def _metrics_url(self) -> dict[str, str]:
+        return {"metrics_url": f"{self.metrics_http.url}/metrics"} if self.metrics_http is not None else {}
+
     def _shutdown(self) -> None:
+        if self.metrics_http is not None:
+            self.metrics_http.close()
         self.server.stop(self.config.drain_timeout)  # which also removes the socket file
         self.teardown()
 
@@ -136,5 +177,5 @@ class Daemon:
         return {
             "name": self.name, "role": self.role, "pid": os.getpid(),
             "address": self.server.address, "uptime_s": time.time() - self.started_at,
-            "num_served": self.server.num_served, **self.describe(),
+            "num_served": self.server.num_served, **self._metrics_url(), **self.describe(),
         }

@@ -5,16 +5,21 @@ matrix (the one `mooncake up` wrote, else discovered now) for its transfer engin
 segment in a shared-memory region named with the cluster's prefix, and mounts it. Its tick pings
 the master every ``ping_interval`` (re-mounting and re-reporting its objects when told
 NEED_REMOUNT); SIGTERM unmounts the segment (its objects leave the pool) and frees the memory.
+Its metrics (:mod:`daemons.observe.store_metrics`): the segment's capacity and use, its client's
+own puts and gets, remounts, and pings the master did not answer.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import topology
 from daemons.base import Daemon
 from daemons.cluster.workdir import read_json, shm_prefix
+from daemons.observe.metrics import counter
+from daemons.observe.store_metrics import client_families
 from store.client import StoreClient
 
 
@@ -37,17 +42,26 @@ class StoreClientDaemon(Daemon):
                                   client_id=f"{self.name}-{self.cluster_id}-{self.started_at:.0f}")
         self.next_ping = 0.0
         self.last_status = "OK"
+        self.num_pings = self.num_ping_failures = 0
 
     def tick(self, now: float) -> None:
         if now < self.next_ping:
             return
         interval = self.config.ping_interval
         self.last_status = self.client.owner.heartbeat(timeout=max(interval, 0.5))
+        self.num_pings += 1
+        self.num_ping_failures += self.last_status == "UNREACHABLE"
         self.next_ping = time.monotonic() + interval
 
     def teardown(self) -> None:
         if hasattr(self, "client"):
             self.client.close()
+
+    def metric_families(self) -> Iterator[Any]:
+        yield from client_families(self.client)
+        yield counter("mooncake_store_client_pings_total", "Pings sent to the master", self.num_pings)
+        yield counter("mooncake_store_client_ping_failures_total", "Pings the master did not answer",
+                      self.num_ping_failures)
 
     def describe(self) -> dict[str, Any]:
         if not hasattr(self, "client"):

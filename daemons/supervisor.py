@@ -46,6 +46,7 @@ class DaemonState:
     uptime_s: float | None
     exit_reason: str | None
     log: str
+    metrics_url: str | None = None  # its Prometheus endpoint; None: metrics_port 0, or not up
     details: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -192,7 +193,7 @@ def status(paths: ClusterPaths, rpc_timeout: float = 1.0, secret: ClusterSecret 
             name=name, role=record.get("role", "?"), pid=record.get("pid"),
             address=announce.get("address"), alive=process is not None, healthy=answer is not None,
             uptime_s=answer["uptime_s"] if answer else None, exit_reason=exit_reason,
-            log=str(paths.log_file(name)), details=answer or {},
+            log=str(paths.log_file(name)), metrics_url=announce.get("metrics_url"), details=answer or {},
         ))
     return states
 

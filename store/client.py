@@ -33,6 +33,7 @@ from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, Mooncake
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
+from store.stats import ClientStats
 from transfer.auth import cluster_secret
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
@@ -65,6 +66,7 @@ class StoreClient:
         self.owner: SegmentOwner | None = None
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
+        self.stats = ClientStats()
         self._stop = threading.Event()
         self._pinger: threading.Thread | None = None
         try:
@@ -181,6 +183,7 @@ class StoreClient:
             for i, outcome in zip(done, self.master.batch_put_end([keys[i] for i in done],
                                                                   [checksums[i] for i in done])):
                 results[i] = outcome
+        self.stats.record_puts(sizes, results)
         return results
 
     # -- gets -----------------------------------------------------------------------------------
@@ -247,6 +250,7 @@ class StoreClient:
                 if error is None or not pending[i]:
                     results[i] = error if error is not None else lists[i].size
                     del pending[i]
+        self.stats.record_gets(results)
         return results
 
     def _promote(self, replicas: ReplicaList, address: int) -> None:

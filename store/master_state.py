@@ -425,6 +425,7 @@ class MasterState(Membership, Tiering, Replication):
             self.lru.pop(obj.key, None)
             self.stats.num_evicted_to_disk += 1
         self.stats.num_evicted += len(victims)
+        self.stats.num_evicted_bytes += sum(obj.size for obj in victims)
         return [obj.key for obj in victims]
 
     def _drop(self, obj: ObjectMeta) -> None:

@@ -1,8 +1,10 @@
-"""Counters of the master's state machine, as the CLI's `inspect` and the metrics show them."""
+"""Counters of the master's state machine and of a store client's own operations, as the CLI's
+`inspect` and the daemons' metrics show them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import threading
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -14,11 +16,13 @@ class MasterStats:
     num_partial_allocations: int = 0  # puts that got fewer replicas than asked for
     num_allocation_failures: int = 0  # NO_AVAILABLE_HANDLE answers
     num_evicted: int = 0
+    num_evicted_bytes: int = 0  # object sizes of the evicted, as Mooncake's master_evicted_size_bytes
     num_evicted_to_disk: int = 0  # evicted from memory but kept as a disk replica
     num_offloaded: int = 0  # disk replicas recorded
     num_offload_requests: int = 0  # eviction victims handed to their owner to copy first
     num_offload_timeouts: int = 0  # of those, freed (and lost) because no copy came in time
     num_promoted: int = 0  # disk-only objects copied back to memory
+    num_promoted_bytes: int = 0
     num_copies: int = 0  # replica copies (and moves) published by copy_end
     num_removed: int = 0
     num_leases_granted: int = 0
@@ -28,3 +32,41 @@ class MasterStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+@dataclass
+class ClientStats:
+    """A store client's own puts and gets, by key: the daemon that owns the client exports them."""
+
+    num_puts: int = 0
+    num_put_errors: int = 0
+    num_put_bytes: int = 0
+    num_gets: int = 0
+    num_get_errors: int = 0
+    num_get_bytes: int = 0
+    # Several threads of a worker share one client; += on an attribute is not atomic.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record_puts(self, sizes: list[int], errors: list) -> None:
+        """``errors``: per key None (stored) or its error."""
+        with self.lock:
+            for size, error in zip(sizes, errors):
+                if error is None:
+                    self.num_puts += 1
+                    self.num_put_bytes += size
+                else:
+                    self.num_put_errors += 1
+
+    def record_gets(self, results: list) -> None:
+        """``results``: per key the bytes read, or its error."""
+        with self.lock:
+            for result in results:
+                if isinstance(result, int):
+                    self.num_gets += 1
+                    self.num_get_bytes += result
+                else:
+                    self.num_get_errors += 1
+
+    def as_dict(self) -> dict[str, int]:
+        with self.lock:
+            return {name: value for name, value in self.__dict__.items() if name != "lock"}

@@ -94,6 +94,7 @@ class Tiering:
         self.kv_events.stored(key, replica.segment_id)
         self.lru[key] = None
         self.stats.num_promoted += 1
+        self.stats.num_promoted_bytes += obj.size
 
     def promote_revoke(self, client_id: str, key: str, now: float) -> None:
         obj = self._promoting(client_id, key, now)

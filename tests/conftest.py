@@ -34,6 +34,9 @@ class Mooncake:
         self.env["MOONCAKE_WORKDIR"] = str(workdir)
         # Clusters serve no model unless a test asks (env=...): a torch worker takes seconds to start.
         self.env.update({"MOONCAKE_PREFILL_WORKERS": "0", "MOONCAKE_DECODE_WORKERS": "0"})
+        # No metrics servers unless a test asks (tests/daemons/observe): a master started on its own
+        # binds 9003, which another test's master or any other process on the machine may hold.
+        self.env["MOONCAKE_METRICS_PORT"] = "0"
 
     def __call__(self, *args: str, timeout: float = 60, env: dict | None = None,
                  input: bytes | None = None) -> subprocess.CompletedProcess:

@@ -207,6 +207,13 @@ SETTINGS: tuple[Setting, ...] = (
        "it, 0600). No secret anywhere turns authentication off."),
     _s("cluster", "drain_timeout", "duration", 3.0,
        "How long a daemon finishes in-flight requests after SIGTERM."),
+    # metrics: what an operator watches each daemon through
+    _s("metrics", "metrics_port", "int", 9003,
+       "Port of a daemon's HTTP server on bind_host: Prometheus /metrics, and on the master also "
+       "/health, /role and the inspection endpoints, as mooncake_master serves them on 9003. "
+       "0: off. A master started with `mooncake start master` binds this port; every other "
+       "daemon, and each one `mooncake up` starts, binds a free one (several share a host) and "
+       "announces its URL (metrics_url in `mooncake status`).", minimum=0),
     # rpc: the control plane every daemon speaks
     _s("rpc", "rpc_timeout", "duration", 5.0,
        "Default deadline of one control-plane request."),

@@ -77,7 +77,7 @@ start_master() {  # the official CI's master line, on free ports; sets MASTER an
     rpc=$(free_port); http=$(free_port)
     start_daemon "$SCRATCH/master.log" env MOONCAKE_WORKDIR="$SCRATCH/cluster" \
         mooncake_master --rpc_port="$rpc" --default_kv_lease_ttl=500 \
-        --enable_http_metadata_server=true --http_metadata_server_port="$http"
+        --enable_http_metadata_server=true --http_metadata_server_port="$http" --metrics_port="$(free_port)"
     wait_port "$rpc" mooncake_master || { cat "$SCRATCH/master.log" >&2; return 1; }
     wait_port "$http" "mooncake_master's HTTP metadata server" || { cat "$SCRATCH/master.log" >&2; return 1; }
     MASTER="127.0.0.1:$rpc"

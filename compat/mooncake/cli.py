@@ -8,7 +8,7 @@
 Flags take gflags' forms (``--flag=value``, ``--flag value``, ``-flag``, booleans as ``--flag``
 or ``--flag=true|false``). Each script hands the flags our daemon has to ``mooncake start``
 (run with ``--foreground``: same process, until SIGTERM or Ctrl-C); the original's tuning flags
-that have no counterpart here (thread counts, metrics port, cluster id, ...) are accepted and
+that have no counterpart here (thread counts, cluster id, ...) are accepted and
 named in one log line; a flag neither knows ends the script with gflags' error and status 1.
 """
 
@@ -30,11 +30,12 @@ MASTER_FLAGS = {  # original flag -> our `start master` flag (same meaning)
     "eviction_high_watermark_ratio": "--eviction_high_watermark_ratio", "eviction_ratio": "--eviction_ratio",
     "client_ttl": "--client_ttl", "http_metadata_server_port": "--http_metadata_server_port",
     "http_metadata_server_host": "--http_metadata_server_host",
+    "metrics_port": "--metrics-port",  # its HTTP server: /metrics, /health, inspection (9003)
 }
 MASTER_SWITCHES = {"enable_http_metadata_server"}
 MASTER_IGNORED = {
     "rpc_thread_num", "max_threads", "rpc_interface", "rpc_conn_timeout_seconds", "rpc_enable_tcp_no_delay",
-    "metrics_port", "enable_metric_reporting", "cluster_id", "memory_allocator", "allocation_strategy",
+    "enable_metric_reporting", "cluster_id", "memory_allocator", "allocation_strategy",
     "allow_evict_soft_pinned_objects", "max_kv_soft_pin_ttl", "put_start_discard_timeout_sec",
     "put_start_release_timeout_sec", "enable_metadata_cleanup_on_timeout", "config_path",
     "alsologtostderr", "logtostderr", "v", "minloglevel", "log_dir",

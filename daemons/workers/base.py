@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from daemons.cluster.advertise import advertised
 from daemons.cluster.service_registry import REFRESH_INTERVAL, lookup_service
 from daemons.cluster.workdir import read_json
 from daemons.model import build_model, kv_layout
+from daemons.observe.metrics import gauge
 from daemons.serving.messages import WorkerHeartbeat
 from daemons.workers.calibration import calibrate
 from store.client import StoreClient
@@ -89,6 +91,11 @@ class WorkerDaemon(Daemon):
 
     def describe(self) -> dict[str, Any]:
         return self.load() if hasattr(self, "layout") else {}
+
+    def metric_families(self) -> Iterator[Any]:
+        """The KV cache's size; each kind of worker adds what it keeps (queue, pages, steps)."""
+        yield gauge("mooncake_worker_kv_blocks", "KV pages of this worker's cache", self.layout.num_blocks)
+        yield gauge("mooncake_worker_kv_block_tokens", "Tokens one KV page holds", self.layout.block_size)
 
     def _announced(self, name: str) -> str:
         record = read_json(self.paths.announce_file(name))

@@ -36,11 +36,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import topology
 from daemons.cluster.workdir import shm_prefix
 from daemons.model import BlockManager, ContinuousBatcher, KVCache, ModelRunner, Sequence
+from daemons.observe.metrics import counter, gauge
 from daemons.serving.messages import DecodedToken, DecodeStep, DropAnswer, KvTarget, PrefillWriter, checked_int
 from daemons.workers.base import WorkerDaemon
 from daemons.workers.reservations import ASK_INTERVAL, Reservations, may_free
@@ -70,7 +72,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
                                          max_batch_size=self.config.max_batch_size)
         self.reservations = Reservations()
         self.cond = threading.Condition()
-        self.num_steps = 0
+        self.num_steps = self.num_tokens = 0
         for op, handler in (("decode.reserve", self._reserve), ("decode.start", self._start),
                             ("decode.release", self._release)):
             self.server.register(op, handler, blocking=True)
@@ -84,6 +86,17 @@ class DecodeWorkerDaemon(WorkerDaemon):
         return {"running": self.batcher.num_running, "waiting": self.batcher.num_waiting,
                 "reserved": len(self.reservations), "free_blocks": self.pages.num_free_blocks,
                 "expired_reserved": self.reservations.num_expired(time.monotonic())}
+
+    def metric_families(self) -> Iterator[Any]:
+        yield from super().metric_families()
+        with self.cond:
+            load = self.load()
+        yield gauge("mooncake_worker_kv_blocks_free", "KV pages neither reserved nor in use", load["free_blocks"])
+        yield gauge("mooncake_worker_decode_running", "Sequences in the running batch", load["running"])
+        yield gauge("mooncake_worker_decode_waiting", "Sequences waiting to join the batch", load["waiting"])
+        yield gauge("mooncake_worker_decode_reserved", "Requests holding pages their prefill still writes", load["reserved"])
+        yield counter("mooncake_worker_decode_steps_total", "Decode steps run", self.num_steps)
+        yield counter("mooncake_worker_decode_tokens_total", "Tokens generated", self.num_tokens)
 
     def teardown(self) -> None:
         if hasattr(self, "loop"):
@@ -149,6 +162,7 @@ class DecodeWorkerDaemon(WorkerDaemon):
                 step_s, batch = time.monotonic() - began, len(events)
                 context = self.batcher.last_step_context
                 self.num_steps += 1
+                self.num_tokens += batch
             step = DecodeStep(self.name, step_s, batch, context,
                               [DecodedToken(e.seq_id, e.token, e.finish_reason) for e in events], self.credential)
             try:

@@ -23,10 +23,13 @@ registered with the store client's transfer engine once, at start.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import topology
 from daemons.cluster.workdir import shm_prefix
+from daemons.observe.metrics import gauge
+from daemons.observe.store_metrics import client_families
 from daemons.model import KVCache, ModelRunner, Sequence, reusable_blocks
 from daemons.serving.errors import PrefixLost
 from daemons.serving.messages import PrefillJob, PrefillReport, PrefillTimings
@@ -60,6 +63,11 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
     def load(self) -> dict[str, Any]:
         own = {"segment": self.segment} if getattr(self, "segment", None) else {}
         return {**super().load(), **own}
+
+    def metric_families(self) -> Iterator[Any]:
+        yield from super().metric_families()
+        yield gauge("mooncake_worker_kv_blocks_free", "KV pages free for the next job", self.pages.num_free_blocks)
+        yield from client_families(self.store)
 
     def teardown(self) -> None:
         if hasattr(self, "compute"):

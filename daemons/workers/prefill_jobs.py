@@ -39,10 +39,11 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from daemons.observe.metrics import counter, gauge
 from daemons.serving.messages import DropAnswer, PrefillJob, PrefillReport
 from daemons.workers.base import WorkerDaemon
 from daemons.workers.writer_liveness import this_process
@@ -149,7 +150,8 @@ class PrefillJobsDaemon(WorkerDaemon):
     def start_jobs(self) -> None:
         """Serve ``prefill.run`` and ``prefill.drop``; called at the end of ``setup_worker``."""
         self.jobs = JobQueue()
-        self.num_done = 0
+        self.num_done = self.num_failed = self.num_dropped = 0
+        self.num_prompt_tokens = self.num_loaded_blocks = 0
         self.writers = [this_process(pid) for pid in self.writer_pids()]
         self.server.register("prefill.run", self._enqueue)
         self.server.register("prefill.drop", self._drop)
@@ -167,6 +169,17 @@ class PrefillJobsDaemon(WorkerDaemon):
     def load(self) -> dict[str, Any]:
         return {"queued": len(self.jobs), "num_done": self.num_done,
                 "writers": [process.to_wire() for process in self.writers]}
+
+    def metric_families(self) -> Iterator[Any]:
+        yield from super().metric_families()
+        yield gauge("mooncake_worker_prefill_queue_length", "Prefill jobs queued here, not yet started", len(self.jobs))
+        yield counter("mooncake_worker_prefill_jobs_total", "Prefill jobs run (failed ones too)", self.num_done)
+        yield counter("mooncake_worker_prefill_job_failures_total", "Prefill jobs that failed", self.num_failed)
+        yield counter("mooncake_worker_prefill_jobs_dropped_total", "Prefill jobs dropped unstarted (deadline, or "
+                      "their decode reservation expired)", self.num_dropped)
+        yield counter("mooncake_worker_prefill_prompt_tokens_total", "Prompt tokens of the jobs run", self.num_prompt_tokens)
+        yield counter("mooncake_worker_prefill_loaded_tokens_total", "Prompt tokens whose KV was loaded from the store",
+                      self.num_loaded_blocks * self.layout.block_size)
 
     def stop_jobs(self) -> None:
         """Finish the job at hand (up to drain_timeout) and stop taking more."""
@@ -190,6 +203,7 @@ class PrefillJobsDaemon(WorkerDaemon):
             if dropped_because is not None:
                 log.info("dropping the prefill of %s unstarted: %s", job.request.request_id, dropped_because)
                 self._report(PrefillReport.dropped_unstarted(job.request.request_id, dropped_because))
+                self.num_dropped += 1
                 continue
             started = time.monotonic()
             try:
@@ -201,6 +215,9 @@ class PrefillJobsDaemon(WorkerDaemon):
             finally:
                 self.jobs.finished()
             self.num_done += 1
+            self.num_failed += not report.ok
+            self.num_prompt_tokens += len(job.request.token_ids)
+            self.num_loaded_blocks += report.loaded_blocks or 0
             self._report(report)
 
     def _report(self, report: PrefillReport) -> None:

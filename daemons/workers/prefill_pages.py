@@ -17,6 +17,10 @@ class PrefillPages:
         self._manager = BlockManager(num_blocks, block_size)
         self._freed = threading.Condition()
 
+    @property
+    def num_free_blocks(self) -> int:
+        return self._manager.num_free_blocks
+
     def take(self, seq: Sequence, timeout: float) -> None:
         """Pages for all of ``seq``'s tokens, waiting up to ``timeout`` for jobs still storing to
         give theirs back; KVCacheFull if they do not."""

@@ -16,7 +16,7 @@ from transfer.errors import MooncakeError
 
 
 def _daemon_table(daemons: list[dict], title: str) -> Table:
-    table = Table("name", "role", "pid", "address", "uptime", "health", title=title)
+    table = Table("name", "role", "pid", "address", "metrics", "uptime", "health", title=title)
     for d in daemons:
         if d.get("healthy", True):
             health = "[green]healthy[/green]"
@@ -26,11 +26,11 @@ def _daemon_table(daemons: list[dict], title: str) -> Table:
             health = f"[red]dead[/red]: {d.get('exit_reason')}"
         uptime = d.get("uptime_s")
         table.add_row(d["name"], d["role"], str(d.get("pid") or "-"), d.get("address") or "-",
-                      f"{uptime:.1f}s" if uptime is not None else "-", health)
+                      d.get("metrics_url") or "-", f"{uptime:.1f}s" if uptime is not None else "-", health)
     return table
 
 
-@settings_options("cluster", "rpc", "topology", "transfer", "store", "scheduler", "model", "serving")
+@settings_options("cluster", "metrics", "rpc", "topology", "transfer", "store", "scheduler", "model", "serving")
 def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
     """Start every daemon of a single-host cluster in the background and wait until all are healthy.
 
@@ -71,7 +71,7 @@ def _remote_table(data: dict) -> Table:
 
 @settings_options("cluster", "rpc", "master")
 def status(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, config: Config) -> None:
-    """Show each daemon's role, pid, address, uptime and health.
+    """Show each daemon's role, pid, address, metrics URL, uptime and health.
 
     With --master (an address or etcd://...), show instead the cluster as that master knows it,
     wherever its daemons run: the master (for etcd://, the elected leader), each store client with

@@ -56,7 +56,7 @@ BOOL_GFLAGS = {"--enable_http_metadata_server"}
 
 
 @app.command("master", cls=_GflagsCommand)
-@settings_options("cluster", "rpc", "store", "ha")
+@settings_options("cluster", "metrics", "rpc", "store", "ha")
 def master(
     foreground: bool = typer.Option(False, "--foreground", help="Run in this process until SIGTERM or Ctrl-C."),
     rpc_port: int | None = _gflag("rpc_port", "Control port (alias --port) (default 50051, as mooncake_master).",

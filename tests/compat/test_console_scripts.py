@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -29,9 +30,10 @@ def run_script(main: str, args: list[str], env: dict) -> subprocess.Popen:
 
 def test_flags_map_to_our_commands():
     assert master_args(["--rpc_port=50051", "--default_kv_lease_ttl=500", "--enable_http_metadata_server=true",
-                        "--http_metadata_server_port", "8080", "--max_threads=4", "-cluster_id=x"]) == [
+                        "--http_metadata_server_port", "8080", "--max_threads=4", "-cluster_id=x",
+                        "--metrics_port=9100"]) == [
         "start", "master", "--foreground", "--rpc_port", "50051", "--default_kv_lease_ttl", "500",
-        "--enable_http_metadata_server", "--http_metadata_server_port", "8080"]
+        "--enable_http_metadata_server", "--http_metadata_server_port", "8080", "--metrics-port", "9100"]
     assert "--enable_http_metadata_server" not in master_args(["--enable_http_metadata_server=false"])
     with pytest.raises(FlagError):
         master_args(["--no_such_flag=1"])
@@ -42,12 +44,13 @@ def test_flags_map_to_our_commands():
 
 
 def test_the_official_ci_start_line_serves_until_sigterm(tmp_path):
-    rpc, http = free_port(), free_port()
+    rpc, http, metrics = free_port(), free_port(), free_port()
     env = {**os.environ, "MOONCAKE_WORKDIR": str(tmp_path / "wd"), "PYTHONPATH": str(REPO)}
+    # --metrics_port: the default, 9003, may be held by another master on this machine.
     master = run_script("master_main", ["--default_kv_lease_ttl=500", "--eviction_high_watermark_ratio=0.95",
                                         "--cluster_id=ci_test_cluster", "--port", str(rpc),
                                         "--enable_http_metadata_server=true",
-                                        f"--http_metadata_server_port={http}"], env)
+                                        f"--http_metadata_server_port={http}", f"--metrics_port={metrics}"], env)
     try:
         store = MooncakeDistributedStore()
         deadline = time.monotonic() + 60
@@ -57,6 +60,8 @@ def test_the_official_ci_start_line_serves_until_sigterm(tmp_path):
             time.sleep(0.2)
         assert store.put("ci-line", b"ok") == 0 and store.get("ci-line") == b"ok"
         store.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/role", timeout=10) as answer:
+            assert answer.read() == b"leader"
     finally:
         master.send_signal(signal.SIGTERM)
         output = master.communicate(timeout=60)[0]
