@@ -11,8 +11,9 @@ new replicas meanwhile, and why leases cannot hold a drain up, is in :mod:`store
 
 What happens to each kind of object:
 
-- held only here: moved. One that keeps failing (``MAX_ATTEMPTS`` times: a bad source replica,
-  transfers that fail) is left, with the reason; one that no room elsewhere can take stops the
+- held only here: moved. One that keeps failing (``MAX_ATTEMPTS`` times over at least
+  ``GIVE_UP_AFTER`` seconds: a bad source replica, transfers that fail, another client's copy of
+  it that does not end) is left, with the reason; one that no room elsewhere can take stops the
   drain (the master checked the room at the start; puts since may have taken it).
 - held on another segment too: nothing to move; its replica here is dropped at the end.
 - being written here (a put that started before the drain): moved once it completes; left if
@@ -37,6 +38,7 @@ from store.client import StoreClient
 from store.errors import IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle
 
 MAX_ATTEMPTS = 5
+GIVE_UP_AFTER = 2.0  # seconds from a key's first failure: a copy by another client ends by then
 PAGE = 512  # keys asked for per round: each round scans the master's objects once, under its lock
 POLL = 0.05  # seconds between looks while waiting for puts in flight or for the unmount
 
@@ -111,6 +113,7 @@ class Drainer:
     def _move_all(self) -> bool:
         """Move every object held only on the segment; False when some were left."""
         attempts: Counter = Counter()
+        first_failure: dict[str, float] = {}
         waiting_since: float | None = None
         while True:
             pending = self.master.drain_pending(self.segment_id, PAGE, list(self.report.left))
@@ -147,7 +150,8 @@ class Drainer:
                     if isinstance(exc, InvalidParams):
                         self._check_still_ours()
                     attempts[key] += 1
-                    if attempts[key] >= MAX_ATTEMPTS:
+                    since = time.monotonic() - first_failure.setdefault(key, time.monotonic())
+                    if attempts[key] >= MAX_ATTEMPTS and since >= GIVE_UP_AFTER:
                         self.report.left[key] = exc.message
                     continue
                 self.report.num_moved += 1

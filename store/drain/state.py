@@ -79,7 +79,8 @@ class Draining:
             raise InvalidParams(f"segment {segment_id!r} is drained already; its owner unmounts it")
         if drain is not None and drain.phase is DrainPhase.DRAINING and drain.drainer != client_id \
                 and drain.drainer in self.clients:
-            raise InvalidParams(f"segment {segment_id!r} is being drained by {drain.drainer}")
+            raise InvalidParams(f"segment {segment_id!r} is being drained by {drain.drainer} (a drain "
+                                "whose drainer stops calling is cancelled after the client TTL)")
         census = self._census(segment_id)
         plan = self._plan(segment_id, census)
         if census.disk_only:

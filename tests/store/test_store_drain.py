@@ -10,7 +10,7 @@ import time
 from collections import Counter
 
 from store.errors import MooncakeError, ObjectNotFound
-from store_cluster import FAST, client_for, value_for
+from store_cluster import FAST, client_for, value_for, wait_until
 
 # A lease short enough that the drain's wait for readers is short, long enough for a loaded
 # machine's gets to finish within it.
@@ -103,3 +103,34 @@ def test_drain_under_a_put_get_storm_moves_everything_then_unmounts(mooncake):
     assert len(drained) == 1 and all(d["healthy"] for d in status["daemons"]), status
     again = mooncake("drain", a, env=ENV)
     assert again.returncode == 1 and b"SEGMENT_NOT_FOUND" in again.stderr
+
+
+def test_a_drain_that_runs_out_of_room_stops_reports_what_is_left_and_reopens_the_segment(mooncake):
+    from store.drain.drainer import Drainer
+
+    mooncake.json("up", env=ENV)
+    with client_for(mooncake.workdir, rpc_timeout="3s") as client:
+        a, b = (s["segment_id"] for s in client.master.inspect("segments"))
+        keys = [f"k{i}" for i in range(6)]
+        for key in keys:
+            client.put(key, value_for(key, 500_000), preferred_segments=(a,))
+
+        def take_the_room(progress):
+            # Once one object moved, a put takes all but 100 kB of B: room the start counted on.
+            if progress.moved == 1 and not client.exists("filler"):
+                free = next(s for s in client.master.inspect("segments") if s["segment_id"] == b)["largest_free_range"]
+                client.put("filler", value_for("filler", free - 100_000), preferred_segments=(b,))
+
+        report = Drainer(client, a, on_progress=take_the_room, unmount_timeout=5.0, in_flight_wait=5.0).run()
+        assert (report.outcome, report.num_moved, report.num_left) == ("stopped", 1, 5)
+        [(key, reason)] = report.left.items()
+        assert "no other segment has 500000 free bytes" in reason
+        # Cancelled: A stays mounted with what was not moved, every object reads back right, and
+        # A takes puts again from the master's next tick (no lease was dropped there).
+        segments = {s["segment_id"]: s for s in client.master.inspect("segments")}
+        assert segments[a]["num_replicas"] == 5 and segments[a]["drain"] in ("cancelled", None)
+        for key, data in zip(keys, client.batch_get(keys)):
+            assert bytes(data) == value_for(key, 500_000)
+        wait_until(lambda: all(s["drain"] is None for s in client.master.inspect("segments")))
+        client.put("after", b"x", preferred_segments=(a,))
+        assert [r["segment_id"] for r in client.master.inspect("key", "after")["replicas"]] == [a]
