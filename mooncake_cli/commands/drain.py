@@ -39,8 +39,8 @@ def drain(
     published as the old one is dropped. Objects also held on another segment are not moved;
     their replica on SEGMENT is dropped at the end. Readers holding a lease may keep reading
     SEGMENT: its owner unmounts it, and frees the memory, only once those leases ran out (at
-    most the master's lease_ttl after the last object moved). The owner's store client then keeps running
-    without a segment until it is stopped.
+    most the master's lease_ttl after the last object moved). The owner's store client then
+    keeps running without a segment until it is stopped.
 
     Refused before anything moves: an unknown SEGMENT, objects held only on SEGMENT that do
     not fit in the other segments' free bytes (no eviction is done to make room), objects held
