@@ -7,6 +7,11 @@ the master every ``ping_interval`` (re-mounting and re-reporting its objects whe
 NEED_REMOUNT); SIGTERM unmounts the segment (its objects leave the pool) and frees the memory.
 Its metrics (:mod:`daemons.observe.store_metrics`): the segment's capacity and use, its client's
 own puts and gets, remounts, and pings the master did not answer.
+
+After `mooncake drain` of its segment the master tells it to unmount (its objects live on other
+segments by then): it does, frees the memory and keeps running without a segment, answering
+health and status ("drained": true) until it is stopped, so a drained node leaves when its
+operator stops it rather than looking failed to `mooncake status`.
 """
 
 from __future__ import annotations
@@ -71,4 +76,5 @@ class StoreClientDaemon(Daemon):
         # package's setup_dummy, as the original's dummy client is) join the same pool.
         return {"client_id": self.client.client_id, "master": self.master, "segment_id": owner.segment.segment_id,
                 "segment_size": owner.segment.size, "num_objects": len(owner.record),
-                "num_remounts": owner.num_remounts, "master_status": self.last_status}
+                "num_remounts": owner.num_remounts, "master_status": self.last_status,
+                "drained": owner.drained}

@@ -21,6 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 COMMANDS = {
     "up": "cluster", "status": "cluster", "restart": "cluster", "down": "cluster", "sim": "sim",
     "put": "store", "get": "store", "rm": "store", "exists": "store", "inspect": "inspect",
+    "drain": "drain",
     "generate": "generate", "config": "config", "topo": "topo", "start": "start", "bench": "bench",
 }
 

@@ -338,6 +338,19 @@ class StoreClient:
         ``drop_segment``, drop its replica there in the same step (a move). The bytes pass through
         a buffer of this client: read from one source replica, written to every new one."""
         sources, targets, checksum = self.master.copy_start(key, segment_ids)
+        self._end_copy(key, sources, targets, checksum, drop_segment)
+
+    def move_off(self, key: str, segment_id: str) -> int:
+        """Move ``key`` off draining ``segment_id`` to a segment the master picks (see
+        :mod:`store.drain.state`), the bytes passing through this client as in copy_replicas.
+        Returns the bytes moved."""
+        sources, targets, checksum = self.master.drain_move_start(segment_id, key)
+        self._end_copy(key, sources, targets, checksum, segment_id)
+        return targets[0].size if targets else 0
+
+    def _end_copy(self, key: str, sources: list[ReplicaDescriptor], targets: list[ReplicaDescriptor],
+                  checksum: int | None, drop_segment: str) -> None:
+        """Write a started copy's targets and end it, or revoke it on any failure."""
         try:
             if targets:
                 error = self._copy_through(sources, targets, checksum)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.drain.messages import DrainFinish, DrainPending, DrainPlan, DrainStatus, from_wire
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
                         replica_list_from_wire, reported_to_wire, segment_to_wire)
@@ -144,3 +145,27 @@ class MasterClient:
 
     def ping(self, acks: dict[str, int], timeout: float | None = None) -> dict:
         return self._call("ping", timeout, client_id=self.client_id, acks=acks)
+
+    # -- draining a segment (store.drain) -------------------------------------------------------
+    def drain_start(self, segment_id: str) -> DrainPlan:
+        return from_wire(DrainPlan, self._call("drain_start", client_id=self.client_id, segment_id=segment_id))
+
+    def drain_pending(self, segment_id: str, limit: int, skip: list[str] = ()) -> DrainPending:
+        return from_wire(DrainPending, self._call("drain_pending", client_id=self.client_id,
+                                                  segment_id=segment_id, limit=limit, skip=list(skip)))
+
+    def drain_move_start(self, segment_id: str, key: str) -> tuple[list[ReplicaDescriptor],
+                                                                    list[ReplicaDescriptor], int | None]:
+        """Like copy_start, to a target the master picks: (sources, targets, checksum)."""
+        wire = self._call("drain_move_start", client_id=self.client_id, segment_id=segment_id, key=key)
+        return ([descriptor_from_wire(r) for r in wire["sources"]],
+                [descriptor_from_wire(r) for r in wire["targets"]], optional_int(wire.get("checksum"), "checksum"))
+
+    def drain_finish(self, segment_id: str) -> DrainFinish:
+        return from_wire(DrainFinish, self._call("drain_finish", client_id=self.client_id, segment_id=segment_id))
+
+    def drain_cancel(self, segment_id: str) -> None:
+        self._call("drain_cancel", client_id=self.client_id, segment_id=segment_id)
+
+    def drain_status(self, segment_id: str) -> DrainStatus:
+        return from_wire(DrainStatus, self._call("drain_status", client_id=self.client_id, segment_id=segment_id))

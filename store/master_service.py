@@ -22,13 +22,23 @@ Ops (args -> result; errors are the typed store errors):
     store.copy_start                        {client_id, key, segment_ids}    -> {sources, targets, checksum}
     store.copy_end                          {client_id, key, drop_segment?}  -> nil
     store.copy_revoke                       {client_id, key}                 -> nil
+    store.drain_start                       {client_id, segment_id}          -> DrainPlan
+    store.drain_pending                     {client_id, segment_id, limit, skip?} -> DrainPending
+    store.drain_move_start                  {client_id, segment_id, key}     -> {sources, targets, checksum}
+    store.drain_finish                      {client_id, segment_id}          -> DrainFinish
+    store.drain_cancel                      {client_id, segment_id}          -> nil
+    store.drain_status                      {client_id, segment_id}          -> DrainStatus
     store.remount                           {client_id, segments, objects, disk_objects?}
                                             -> {accepted, rejected, disk_rejected}
-    store.ping                              {client_id, acks: {segment: seq}} -> {status, changes}
+    store.ping                              {client_id, acks: {segment: seq}}
+                                            -> {status, changes, unmount: [drained segment ids]}
     store.inspect                           {what: counters|segments|objects|clients|key, key?}
     store.kv_events                         {}  -> {address, replay_address, epoch, sequence}
     store.kv_snapshot                       {}  -> {address, replay_address, epoch, sequence,
                                                     blocks: [[key, segment_id]]}
+
+The drain ops' answers are the dataclasses of :mod:`store.drain.messages`; the drain itself is
+described in :mod:`store.drain.state`.
 
 A batch item is ``{"ok": value}`` or ``{"error": {...}}`` (see :mod:`store.wire`). The handlers
 run on the RPC I/O thread: each holds the lock for microseconds, and skipping the pool's hand-off
@@ -54,6 +64,7 @@ from typing import Any
 from collections.abc import Callable
 
 from store import views
+from store.drain.messages import to_wire as drain_wire
 from store.errors import InvalidParams
 from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
@@ -90,6 +101,7 @@ class StoreService:
         with self.lock:
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
+            self.state.expire_drains(now)
             self._hand_over_events()
         if evicted:
             log.info("evicted %d objects", len(evicted))
@@ -182,7 +194,32 @@ class StoreService:
             "ping": self._ping,
             "inspect": self._inspect,
             "kv_events": self._kv_events,
+            **self._drain_ops(),
         }
+
+    def _drain_ops(self) -> dict[str, Callable[[dict, float], Any]]:
+        s = self.state
+        return {
+            "drain_start": lambda a, now: drain_wire(s.drain_start(
+                str_arg(a, "client_id"), str_arg(a, "segment_id"), now)),
+            "drain_pending": lambda a, now: drain_wire(s.drain_pending(
+                str_arg(a, "client_id"), str_arg(a, "segment_id"), now,
+                max(1, min(int_arg(a, "limit"), self.max_batch_keys)), self._drain_skip(a))),
+            "drain_move_start": lambda a, now: s.drain_move_start(
+                str_arg(a, "client_id"), str_arg(a, "segment_id"), str_arg(a, "key"), now),
+            "drain_finish": lambda a, now: drain_wire(s.drain_finish(
+                str_arg(a, "client_id"), str_arg(a, "segment_id"), now)),
+            "drain_cancel": lambda a, now: s.drain_cancel(str_arg(a, "client_id"), str_arg(a, "segment_id"), now),
+            "drain_status": lambda a, now: drain_wire(s.drain_status(
+                str_arg(a, "client_id"), str_arg(a, "segment_id"), now)),
+        }
+
+    def _drain_skip(self, args: dict) -> list[str]:
+        """drain_pending's keys to leave out, bounded like a batch's keys (the op holds the lock)."""
+        skip = str_list_arg(args, "skip") if "skip" in args else []
+        if len(skip) > self.max_batch_keys:
+            raise InvalidParams(f"a skip list of {len(skip)} keys exceeds store_max_batch_keys ({self.max_batch_keys})")
+        return skip
 
     def _batch_keys(self, args: dict) -> list[str]:
         """A batch op's keys, refused beyond ``store_max_batch_keys``: the ops run under the store
@@ -222,7 +259,8 @@ class StoreService:
             acked = acks.get(segment_id, 0)
             acked = acked if isinstance(acked, int) else 0
             changes[segment_id] = [c.as_wire() for c in self.state.journal.since(segment_id, acked)]
-        return {"status": status.value, "changes": changes}
+        return {"status": status.value, "changes": changes,
+                "unmount": self.state.segments_to_unmount(client_id, now)}
 
     def _inspect(self, args: dict, now: float) -> Any:
         what = str_arg(args, "what", "counters")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
+from store.drain.state import Drain, Draining
 from store.events.recorder import EventLog
 from store.errors import (IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle,
                           ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady)
@@ -40,7 +41,7 @@ from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 DEFAULT_CONFIG = ReplicateConfig()
 
 
-class MasterState(Membership, Tiering, Replication):
+class MasterState(Membership, Tiering, Replication, Draining):
     def __init__(self, policy: StorePolicy = StorePolicy(), seed: int | None = None) -> None:
         self.policy = policy
         self.stats = MasterStats()
@@ -60,6 +61,8 @@ class MasterState(Membership, Tiering, Replication):
         self.offload_pending: dict[str, float] = {}
         # KV events (replicas stored / removed) the service has not published yet.
         self.kv_events = EventLog()
+        # Segments being drained, by id: closed to new replicas (store.drain.state).
+        self.drains: dict[str, Drain] = {}
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,
@@ -98,8 +101,11 @@ class MasterState(Membership, Tiering, Replication):
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         if existing.leased(now):
             raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
-        if existing.size != size or not all(r.in_memory for r in existing.replicas):
-            self._drop(existing)  # a disk copy would be stale; overwrite in memory only
+        if existing.size != size or not all(r.in_memory for r in existing.replicas) \
+                or any(r.segment_id in self.drains for r in existing.replicas):
+            # A disk copy would be stale, and a draining segment takes no new bytes: overwrite
+            # in newly allocated memory only.
+            self._drop(existing)
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         self.lru.pop(key, None)
         self.offload_pending.pop(key, None)  # its owner's copy, if one comes, is refused as stale
@@ -331,7 +337,7 @@ class MasterState(Membership, Tiering, Replication):
         """The order in which a put by ``client_id`` tries the segments (store.placement)."""
         local_host = config.host
         return placement_order(
-            self.policy.allocation_strategy, list(self.segments.values()), config.preferred_segments,
+            self.policy.allocation_strategy, self._open_segments(), config.preferred_segments,
             lambda s: s.client_id == client_id or bool(local_host and s.spec.host == local_host),
             self._rng)
 
@@ -362,8 +368,8 @@ class MasterState(Membership, Tiering, Replication):
     def _evict_for(self, size: int, excluded: set[str], now: float) -> bool:
         """Evict LRU objects holding space on segments that could take one more replica, until one
         of them has enough free bytes. False when nothing there is evictable."""
-        eligible = {sid: s for sid, s in self.segments.items()
-                    if sid not in excluded and s.allocator.block_size(size) <= s.allocator.capacity}
+        eligible = {s.segment_id: s for s in self._open_segments()
+                    if s.segment_id not in excluded and s.allocator.block_size(size) <= s.allocator.capacity}
         # First spare what an owner could copy to disk; if that frees too little, evict those
         # too, without a copy: a put never waits on an owner.
         for spare in (True, False):

@@ -13,7 +13,8 @@ makes its read safe instead is ``copy_end``'s check that every source it was giv
 of the object's replicas: a source that was freed meanwhile (removed, evicted, unmounted, the
 key overwritten) fails the copy, so bytes read from a range that may have been reused are never
 published. A move still refuses (OBJECT_HAS_LEASE) to drop a replica some reader's lease may be
-copying from; the copier retries once the lease has run out.
+copying from; the copier retries once the lease has run out. A replica on a draining segment is
+the exception: it is dropped, and the segment's unmount waits for the lease (store.drain.state).
 
 Mixed into :class:`store.master_state.MasterState` (its segments, objects, journal, kv_events,
 stats).
@@ -37,6 +38,9 @@ class Replication:
         unknown = [s for s in segment_ids if s not in self.segments]
         if unknown:
             raise InvalidParams(f"target segments {unknown} are not mounted")
+        draining = [s for s in segment_ids if s in self.drains]
+        if draining:
+            raise InvalidParams(f"target segments {draining} are being drained")
         if obj.copying_owner:
             raise InvalidParams(f"{key!r} is being copied already")
         sources = [r for r in obj.replicas if r.in_memory]
@@ -65,7 +69,7 @@ class Replication:
             raise ObjectNotFound(f"a replica {key!r} was copied from went during the copy")
         if drop_segment and not any(r.segment_id != drop_segment for r in obj.replicas + obj.copying):
             raise InvalidParams(f"dropping the replica on {drop_segment!r} would leave {key!r} none")
-        if drop_segment and obj.leased(now):
+        if drop_segment and obj.leased(now) and not self._drop_despite_lease(drop_segment, obj):
             raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
         for replica in obj.copying:
             replica.status = ReplicaStatus.COMPLETE

@@ -16,6 +16,11 @@ the copy is reported; it serves those files to readers on its own small RPC serv
 the segment's ``disk_endpoint``), and deletes a file when the master says its replica is gone.
 Only objects with a checksum are offloaded: the copy is checked against it, since the range may
 have been evicted and reused before the owner read it.
+
+Drained (:mod:`store.drain.state`): when a ping answer lists the segment under ``unmount``, every
+object held there lives on another segment and no lease on it is left, so the owner unmounts it,
+drops its SSD tier's files and frees the memory. The store client then holds no segment and
+pings no more (``heartbeat`` answers DRAINED); the process keeps running until it is stopped.
 """
 
 from __future__ import annotations
@@ -61,16 +66,23 @@ class SegmentOwner:
         self.acked = 0  # the last journal change applied to the record
         self.num_remounts = 0
         self.num_offloaded = 0
+        self.drained = False  # unmounted at the master's word after a drain; the memory is freed
         master.mount_segment(self.segment)
 
     def heartbeat(self, timeout: float) -> str:
-        """Ping once; apply the master's news or re-mount. Returns the status, or "UNREACHABLE"."""
+        """Ping once; apply the master's news, re-mount, or leave after a drain. Returns the
+        status, "UNREACHABLE", or "DRAINED" once the segment left (then it pings no more)."""
+        if self.drained:
+            return "DRAINED"
         try:
             answer = self.master.ping({self.segment.segment_id: self.acked}, timeout=timeout)
             if answer["status"] == ClientStatus.NEED_REMOUNT.value:
                 self.remount()
             else:
                 self._apply(answer["changes"].get(self.segment.segment_id, []))
+                if self.segment.segment_id in answer.get("unmount", ()):
+                    self._leave(timeout)
+                    return "DRAINED"
             return answer["status"]
         except MooncakeError as exc:
             log.warning("ping to the master failed: %s", exc.message)
@@ -90,13 +102,29 @@ class SegmentOwner:
                  len(outcome["accepted"]), len(outcome["rejected"]))
 
     def unmount(self) -> None:
+        if self.drained:
+            return  # it left already
         try:
             # Short deadline: on shutdown a master that is gone must not hold up our exit.
             self.master.unmount_segment(self.segment.segment_id, timeout=1.0)
         finally:
-            if self.disk is not None:
-                self.disk_server.stop(drain_timeout=0.5)
-                self.disk.destroy()  # its replicas left the pool with the segment
+            self._drop_disk_tier()
+
+    def _leave(self, timeout: float) -> None:
+        """Unmount the drained segment and free what it held. A failed unmount raises before
+        anything is freed, and the next ping answer asks again."""
+        self.master.unmount_segment(self.segment.segment_id, timeout=timeout)
+        self.drained = True
+        self.record.clear()
+        self._drop_disk_tier()
+        self.engine.unregister_local_memory(self.buffer)
+        log.info("drained segment %s unmounted and its memory freed", self.segment.segment_id)
+
+    def _drop_disk_tier(self) -> None:
+        if self.disk is not None:
+            self.disk_server.stop(drain_timeout=0.5)
+            self.disk.destroy()  # its replicas left the pool with the segment
+            self.disk = None
 
     def _apply(self, changes: list[dict]) -> None:
         to_offload = []

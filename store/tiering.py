@@ -73,7 +73,7 @@ class Tiering:
         obj = self._complete(key)
         if obj.promoting is not None or any(r.in_memory for r in obj.replicas):
             raise InvalidParams(f"{key!r} is already in memory or being promoted")
-        order = placement_order(self.policy.allocation_strategy, list(self.segments.values()), (),
+        order = placement_order(self.policy.allocation_strategy, self._open_segments(), (),
                                 lambda s: s.client_id == client_id or bool(host and s.spec.host == host),
                                 self._rng)
         for segment in order:

@@ -39,6 +39,8 @@ def segments_view(state: MasterState) -> list[dict]:
             "free_bytes": allocator.num_free_bytes, "free_ratio": segment.free_ratio,
             "largest_free_range": allocator.largest_free_range,
             "num_free_ranges": allocator.num_free_ranges, "num_replicas": allocator.num_allocations,
+            # draining, finishing or cancelled (closed to new replicas until its leases ran out)
+            "drain": drain.phase.value if (drain := state.drains.get(spec.segment_id)) else None,
         })
     return rows
 

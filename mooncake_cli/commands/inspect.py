@@ -36,7 +36,8 @@ def _render(what: str, data) -> Table:
         table = Table("segment", "client", "capacity", "used", "free ratio", "replicas", "largest free",
                       title="segments")
         for s in data:
-            table.add_row(s["segment_id"], s["client_id"], _mib(s["capacity_bytes"]), _mib(s["used_bytes"]),
+            drain = f" ({s['drain']})" if s.get("drain") else ""
+            table.add_row(s["segment_id"] + drain, s["client_id"], _mib(s["capacity_bytes"]), _mib(s["used_bytes"]),
                           f"{s['free_ratio']:.3f}", str(s["num_replicas"]), _mib(s["largest_free_range"]))
         return table
     if what == "clients":
