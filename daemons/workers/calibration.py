@@ -24,8 +24,8 @@ is read (:func:`daemons.model.device.synchronize`): a CUDA call returns once its
 
 Both profiles run on a scratch KV cache of their own (on the model's device), never on the
 worker's pages, and stop adding shapes once ``calibration_time`` has passed (the first
-``MIN_SHAPES`` always run, so a loaded machine still gets a fit); samples that do not determine a fit leave the figure out
-(None), and the conductor keeps what it had. Profiled while the machine is busy (other workers
+``MIN_SHAPES`` always run, so a loaded machine still gets a fit); samples that do not determine
+a fit leave the figure out (None), and the conductor keeps what it had. Profiled while the machine is busy (other workers
 starting, say), the figures come out pessimistic; the live refits correct them.
 """
 

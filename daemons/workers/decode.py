@@ -5,8 +5,8 @@ prefill worker on this host copies pages straight in (TCP or RDMA from other hos
 the model decodes over those very pages. On a GPU (model_device cuda) the model's pages are a
 CUDA tensor, and ``decode.start`` copies the request's prompt pages into it from where they
 landed: a prefill worker cannot write into GPU memory of another process (the transfer engine
-publishes a GPU buffer only where GPUDirect RDMA reaches it), so host pages stay the target. Operations
-(from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
+publishes a GPU buffer only where GPUDirect RDMA reaches it), so host pages stay the target.
+Operations (from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
 
     decode.reserve {"request_id", "token_ids", "max_tokens",
                     "writer": {"name", "address", "processes"}}  the prefill worker that writes them

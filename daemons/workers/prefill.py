@@ -29,6 +29,7 @@ from typing import Any
 import topology
 from daemons.cluster.workdir import shm_prefix
 from daemons.model import KVCache, ModelRunner, Sequence, reusable_blocks
+from daemons.model.device import synchronize
 from daemons.serving.errors import PrefixLost
 from daemons.serving.messages import PrefillJob, PrefillReport, PrefillTimings
 from daemons.workers.kv_sender import KvSender, LayerStream
@@ -121,6 +122,7 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
             for pending in loads[1:]:  # nothing may still move into the pages
                 pending.exception()
             raise
+        synchronize(self.model.device)  # on a GPU the layers may still run: compute ends here
         computed = time.monotonic()
         kv_bytes = stream.wait()
         pulled = max(0, hit - local)

@@ -4,9 +4,10 @@ The receiving stage registers an inbox of ``slots`` slots, each big enough for o
 sending stage copies a chunk's hidden states into its own registered staging buffer and WRITEs
 them into a free slot with the transfer engine (shared memory on this host, TCP or RDMA between
 hosts); only then does it say which slot on the control pipe. The receiver copies the chunk out
-(onto its model's device) and hands the slot back on the same pipe, so a sender that runs ahead by ``slots`` chunks waits
-for credit instead of overwriting a chunk not yet read. Notices and credits are a few bytes;
-activations never travel on the control pipe.
+(onto its model's device) and hands the slot back on the same pipe, so a sender that runs ahead
+by ``slots`` chunks waits for credit instead of overwriting a chunk not yet read. Notices and
+credits are a few bytes; activations never travel on the control pipe. On a GPU a chunk passes
+through host memory on both sides.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from daemons.workers.kv_sender import KvSender
 from daemons.workers.prefill_pages import PrefillPages
 from daemons.model import (KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
+from daemons.model.device import synchronize
 from daemons.serving.errors import PrefixLost
 from daemons.workers.prefix_store import PrefixStore
 from transfer.engine import TransferEngine
@@ -192,6 +193,7 @@ class Stage:
         try:
             logits = run_stage(runner, seq, chunks, self.inbox if job["pipelined"] else None,
                                self.outbox if job["pipelined"] else None, layer_done)
+            synchronize(runner.stage.device)  # on a GPU the layers may still run: compute ends here
             computed = time.monotonic()
             kv_bytes = stream.wait() if stream is not None else 0
         finally:
