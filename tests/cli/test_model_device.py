@@ -1,5 +1,6 @@
-"""`--model-device` (`--device` for `start prefill|decode`) names a device this host lacks: the
-command refuses in one line before any daemon starts, rather than with a worker's crash log."""
+"""`--model-device` (or its alias `--device`) names a device this host lacks: `up`, `start
+prefill|decode` and `bench prefill` refuse in one line before any daemon starts, rather than with
+a worker's crash log."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def runner(tmp_path):
     (["up", "--model-device", "cuda"], "cuda"),
     (["start", "prefill", "--device", "cuda:1"], "cuda:1"),
     (["start", "decode", "--device", "cuda"], "cuda"),
+    (["bench", "prefill", "--device", "cuda", "--lengths", "64"], "cuda"),
 ])
 def test_cuda_on_a_host_without_it_is_refused_before_anything_starts(runner, args, device):
     result = runner(*args, env={"MOONCAKE_PREFILL_WORKERS": "1"})
