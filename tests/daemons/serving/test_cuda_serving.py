@@ -40,23 +40,26 @@ def reference():
 @pytest.fixture(scope="module")
 def pd_cluster(tmp_path_factory):
     runner, conductor, info = _cluster(tmp_path_factory, "cuda-pd")
-    yield conductor["http_address"], conductor["address"], info
+    yield runner, conductor, info
     runner("down", timeout=60)
 
 
 @pytest.fixture(scope="module")
 def cpp_cluster(tmp_path_factory):
     runner, conductor, info = _cluster(tmp_path_factory, "cuda-cpp", "--prefill-group-size", "2")
-    yield conductor["http_address"], conductor["address"], info
+    yield runner, conductor, info
     runner("down", timeout=60)
 
 
-def _prefix_then_tail(url: str, conductor: str, info: dict, reference: Reference, seed: int, tail: int) -> None:
+def _prefix_then_tail(cluster, reference: Reference, seed: int, tail: int) -> None:
     """A prompt that stores its blocks, then one sharing its first four: that one loads them."""
+    runner, conductor, info = cluster
+    url = conductor["http_address"]
     holder = next(d["name"] for d in info["daemons"] if d["role"] == "prefill")
     shared = prompt(4 * BLOCK + 3, seed=seed)
     complete(url, prompt=shared + prompt(2 * CHUNK, seed=seed + 1)[1:], max_tokens=1)
-    with RpcClient(conductor) as client:  # the index learns the blocks from the master's events
+    # The index learns the blocks from the master's events.
+    with RpcClient(conductor["address"], secret=runner.secret) as client:
         wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, BLOCK)], [holder])
     second = shared + prompt(tail, seed=seed + 2)[1:]
     answer = complete(url, prompt=second, max_tokens=8)
@@ -65,7 +68,7 @@ def _prefix_then_tail(url: str, conductor: str, info: dict, reference: Reference
 
 
 def test_cuda_pd_cold_prompts_match_the_cpu_reference(pd_cluster, reference):
-    url, _, _ = pd_cluster
+    url = pd_cluster[1]["http_address"]
     for length in (7, 3 * BLOCK, 150):
         tokens = prompt(length, seed=500 + length)
         answer = complete(url, prompt=tokens, max_tokens=10)
@@ -73,18 +76,16 @@ def test_cuda_pd_cold_prompts_match_the_cpu_reference(pd_cluster, reference):
 
 
 def test_cuda_pd_prefix_reuse_through_the_store(pd_cluster, reference):
-    url, conductor, info = pd_cluster
-    _prefix_then_tail(url, conductor, info, reference, seed=600, tail=CHUNK + 9)
+    _prefix_then_tail(pd_cluster, reference, seed=600, tail=CHUNK + 9)
 
 
 @pytest.mark.parametrize("length", [CHUNK - 7, 3 * CHUNK + 5])  # stage 0 alone; pipelined
 def test_cuda_cpp_cold_prompts_match_the_cpu_reference(cpp_cluster, reference, length):
-    url, _, _ = cpp_cluster
+    url = cpp_cluster[1]["http_address"]
     tokens = prompt(length, seed=700 + length)
     answer = complete(url, prompt=tokens, max_tokens=8)
     assert answer["choices"][0]["token_ids"] == reference.tokens(tokens, 8)
 
 
 def test_cuda_cpp_prefix_loaded_by_every_stage(cpp_cluster, reference):
-    url, conductor, info = cpp_cluster
-    _prefix_then_tail(url, conductor, info, reference, seed=800, tail=CHUNK + 9)
+    _prefix_then_tail(cpp_cluster, reference, seed=800, tail=CHUNK + 9)
