@@ -28,7 +28,7 @@ def _option_for(spec) -> inspect.Parameter:
     help_text = f"{spec.help}{units} [default: {spec.default_text or 'none'}; env {spec.env_var}]"
     is_switch = spec.kind == "bool"
     flags = f"{spec.flag}/--no-{spec.flag[2:]}" if is_switch else spec.flag
-    option = typer.Option(None, flags, help=help_text, show_default=False,
+    option = typer.Option(None, flags, *spec.aliases, help=help_text, show_default=False,
                           rich_help_panel=f"Settings: {spec.section}")
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                              annotation=bool | None if is_switch else str | None)

@@ -29,6 +29,7 @@ class DiskReader:
             if data.nbytes != replica.size:
                 return InvalidParams(f"{key!r}: the disk replica has {data.nbytes} bytes, not {replica.size}")
             self.engine.buffer_at(address, replica.size)[:] = data
+            self.engine.copy_to_device(address, replica.size)  # GPU memory: the view is its mirror
             return None
         except MooncakeError as exc:
             return exc

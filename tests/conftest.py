@@ -25,6 +25,15 @@ def require_program(program: str, package: str) -> str:
     return path
 
 
+def require_cuda() -> None:
+    """Skip the calling test, saying why, where torch sees no CUDA device (every machine of this
+    repository's CI: the tests marked gpu run with tests/gpu/run_on_gpu.sh on a host with one)."""
+    import torch  # here: most test sessions never ask
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
+
+
 class Mooncake:
     """Runs `python -m mooncake_cli ...` against one workdir, like an ops script would."""
 

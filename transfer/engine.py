@@ -255,8 +255,21 @@ class TransferEngine(BatchMixin):
         return np.frombuffer(region.view, dtype=np.uint8)
 
     def buffer_at(self, address: int, length: int) -> memoryview:
-        """A view of registered local memory (AddressNotRegistered outside it)."""
+        """A host view of registered local memory holding its current bytes (AddressNotRegistered
+        outside it). For GPU memory the view is the pinned mirror, into which the range is first
+        copied from the device (what a checksum of the bytes to put must read); bytes written
+        into that view reach the device through :meth:`copy_to_device`."""
+        buffer = self.memory.find(address, length)
+        if buffer.device is not None:
+            buffer.device.to_host(buffer.view, address - buffer.address, length)
         return self.memory.view(address, length)
+
+    def copy_to_device(self, address: int, length: int) -> None:
+        """After bytes were written into :meth:`buffer_at`'s view of GPU memory (not by a
+        transfer, which stages its own): copy the range to the device. Host memory: nothing."""
+        buffer = self.memory.find(address, length)
+        if buffer.device is not None:
+            buffer.device.from_host(buffer.view, address - buffer.address, length)
 
     # -- segments ---------------------------------------------------------------------------------
 

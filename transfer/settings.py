@@ -28,6 +28,7 @@ _SIZE_UNITS = {"": 1, "b": 1} | {
 }
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 SIZE_UNITS_HELP = "Units are binary, as in Mooncake: 512MB = 512MiB = 512 x 2^20 bytes."
 SIZE_ACCEPTS = f"a byte count such as 4096, 64KiB, 512MB or 1GiB ({SIZE_UNITS_HELP})"
@@ -96,12 +97,13 @@ def _parse_bool(text: Any) -> bool:
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # str | int | float | bool | size | duration | choice | path | secret
+    kind: str  # str | int | float | bool | size | duration | choice | path | secret | device
     default: Any
     help: str
     section: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    aliases: tuple[str, ...] = ()  # further flags for it, where its own is long to type (--device)
 
     @property
     def env_var(self) -> str:
@@ -119,6 +121,8 @@ class Setting:
             return DURATION_ACCEPTS
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.kind == "device":
+            return "cpu, cuda (the current CUDA device) or cuda:N"
         if self.kind == "bool":
             return "true or false"
         if self.kind in ("int", "float"):
@@ -169,6 +173,8 @@ class Setting:
             return str(raw)
         if self.kind == "path":
             return str(Path(str(raw)).expanduser()) if str(raw) else ""
+        if self.kind == "device" and not _DEVICE.match(str(raw)):
+            raise ValueError(raw)
         return str(raw)
 
     def render(self, value: Any) -> str:
@@ -370,6 +376,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("model", "model_heads", "int", 4, "Attention heads of the tiny random model.", minimum=1),
     _s("model", "model_kv_heads", "int", 2,
        "KV heads of the tiny random model (grouped-query attention).", minimum=1),
+    _s("model", "model_device", "device", "cpu",
+       "Device the prefill and decode workers and the CPP stages run the model on: weights, KV "
+       "pages and activations live there, and KV moves to and from the store and the decode "
+       "worker through the transfer engine's staging of GPU memory. CUDA is untested in this "
+       "repository's CI.", aliases=("--device",)),
     _s("model", "kv_cache_size", "size", 64 * 2**20,
        "Memory each worker gives its paged KV cache (pages of kv_block_tokens tokens).",
        minimum=1),

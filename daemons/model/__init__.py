@@ -2,9 +2,9 @@
 
 A library: workers wrap it, nothing here opens sockets or reads settings on its own.
 
-    model = build_model(config)                           # or random_model / load_checkpoint(dir)
+    model = build_model(config)                           # on model_device; or random_model / load_checkpoint(dir)
     tokenizer = build_tokenizer(config)                   # ByteTokenizer, or HfTokenizer.from_dir(dir)
-    kv = KVCache(kv_layout(config, model), buffer=...)    # one tensor; register kv.numpy() once
+    kv = KVCache(kv_layout(config, model), device=model.device)  # one tensor; register kv.transfer_buffer() once
     pages = BlockManager(kv.layout.num_blocks, kv.layout.block_size)
     runner = ModelRunner(model, kv)
     runner.prefill(seq, on_layer_done=...)                # prefill worker
@@ -15,7 +15,7 @@ A library: workers wrap it, nothing here opens sockets or reads settings on its 
 from daemons.model.batcher import ContinuousBatcher, TokenEvent
 from daemons.model.block_manager import BlockManager
 from daemons.model.config import ModelConfig
-from daemons.model.errors import ChatTemplateError, CheckpointError, KVCacheFull
+from daemons.model.errors import ChatTemplateError, CheckpointError, DeviceUnavailable, KVCacheFull
 from daemons.model.from_settings import build_model, build_tokenizer, kv_layout
 from daemons.model.hf_tokenizer import HfTokenizer
 from daemons.model.kv_cache import KVCache, KVCacheLayout
@@ -30,7 +30,7 @@ from daemons.model.weights import load_checkpoint, save_checkpoint
 
 __all__ = [
     "BlockManager", "ByteTokenizer", "ChatTemplateError", "CheckpointError", "ContinuousBatcher", "Detokenizer",
-    "HfTokenizer", "KVCache", "KVCacheFull", "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig",
+    "DeviceUnavailable", "HfTokenizer", "KVCache", "KVCacheFull", "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig",
     "ModelRunner", "QueueLink", "Sequence", "StageModel", "StageRunner", "TokenEvent", "Tokenizer", "build_model",
     "build_tokenizer", "chunk_bounds", "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads",
     "random_model", "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",

@@ -31,7 +31,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.T
     keys = k.permute(1, 0, 2).unsqueeze(1)  # [kvh, 1, S, D]
     values = v.permute(1, 0, 2).unsqueeze(1)
     scores = (q @ keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(head_dim))  # [kvh, g, T, S]
-    visible = torch.arange(k.shape[0])[None, :] <= positions[:, None]  # [T, S]
+    visible = torch.arange(k.shape[0], device=k.device)[None, :] <= positions[:, None]  # [T, S]
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = probs @ values  # [kvh, g, T, D]
@@ -48,13 +48,14 @@ class KeyMask:
 
     @classmethod
     def of_lengths(cls, lengths: torch.Tensor, width: int, dtype: torch.dtype) -> KeyMask:
-        """Sequence b sees positions 0..lengths[b]-1 of ``width`` (at least max(lengths)).
+        """Sequence b sees positions 0..lengths[b]-1 of ``width`` (at least max(lengths)), on
+        the device of ``lengths``.
 
         An additive mask in the queries' dtype rather than a boolean one, which the attention
         call would otherwise convert into one in every layer.
         """
-        hidden = torch.arange(width)[None, :] >= lengths[:, None]
-        bias = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        hidden = torch.arange(width, device=lengths.device)[None, :] >= lengths[:, None]
+        bias = torch.zeros(hidden.shape, dtype=dtype, device=lengths.device).masked_fill_(hidden, float("-inf"))
         return cls(bias[:, None, None, :], hidden.reshape(-1).nonzero().squeeze(1))
 
 

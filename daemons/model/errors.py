@@ -26,3 +26,9 @@ class ChatTemplateError(MooncakeError):
     template refused the messages (``raise_exception``); the caller's request is at fault."""
 
     code, name = -1092, "CHAT_TEMPLATE_ERROR"
+
+
+class DeviceUnavailable(MooncakeError):
+    """The model_device setting names a device this host does not have (cuda without CUDA)."""
+
+    code, name = -1093, "DEVICE_UNAVAILABLE"

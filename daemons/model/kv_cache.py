@@ -9,7 +9,11 @@ range, and within it one layer of that block is again contiguous. Both are what 
 block to or from the store or to the decode worker is one transfer-engine slice, and a prefill
 worker storing layer by layer writes the layer's sub-range. Keys are stored after the rotary
 embedding. The tensor is allocated once, so a worker registers it with the transfer engine once
-and addresses pages by the byte offsets below.
+(:meth:`KVCache.transfer_buffer`) and addresses pages by the byte offsets below.
+
+The pages live on the model's device. On a GPU the transfer engine gets the CUDA tensor itself
+and stages its bytes through pinned host memory; bytes exported or imported here pass through
+the host.
 """
 
 from __future__ import annotations
@@ -81,26 +85,47 @@ class KVCacheLayout:
 class KVCache:
     """The pages themselves, with byte-level export/import and token-level write/gather."""
 
-    def __init__(self, layout: KVCacheLayout, buffer: np.ndarray | None = None) -> None:
-        """Pages in fresh memory, or over ``buffer``: a writable uint8 array of at least
-        ``layout.nbytes`` bytes, e.g. the transfer engine's ``allocate_shared_buffer``."""
+    def __init__(self, layout: KVCacheLayout, buffer: np.ndarray | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        """Pages in fresh memory on ``device``, or over ``buffer``: a writable uint8 array of at
+        least ``layout.nbytes`` bytes in host memory, e.g. the transfer engine's
+        ``allocate_shared_buffer``."""
         self.layout = layout
         if buffer is None:
-            self.tensor = torch.zeros(layout.shape, dtype=layout.dtype)
+            self.tensor = torch.zeros(layout.shape, dtype=layout.dtype, device=device)
         else:
+            if torch.device(device).type != "cpu":
+                raise ValueError(f"pages over a host buffer live on the CPU, not {device}")
             if buffer.dtype != np.uint8 or buffer.size < layout.nbytes:
                 raise ValueError(f"buffer must be uint8 with >= {layout.nbytes} bytes")
             raw = torch.from_numpy(buffer.reshape(-1)[:layout.nbytes])
             self.tensor = raw.view(layout.dtype).view(layout.shape)
-        self._bytes = self.tensor.view(-1).view(torch.uint8).numpy()
+        self.device = self.tensor.device
+        self._bytes = self.tensor.view(-1).view(torch.uint8)
         # Per layer, the keys and the values of every page as rows [num_blocks, block_size *
         # kv_heads * head_dim]: views made once, what a decode step gathers pages from.
         self._page_rows = [(self.tensor[:, layer, 0].flatten(1), self.tensor[:, layer, 1].flatten(1))
                            for layer in range(layout.num_layers)]
 
     def numpy(self) -> np.ndarray:
-        """The whole cache as a flat writable uint8 array sharing its memory (to register once)."""
-        return self._bytes
+        """The whole cache as a flat writable uint8 array sharing its memory (pages on the CPU)."""
+        return self._bytes.numpy()
+
+    def transfer_buffer(self) -> np.ndarray | torch.Tensor:
+        """What to register with a transfer engine, once: on the CPU the whole cache as a flat
+        writable uint8 array sharing its memory; on a GPU the CUDA tensor itself, which the
+        engine stages through a pinned host mirror (``transfer.gpu``). Its address is byte 0
+        of the cache either way."""
+        return self.numpy() if self.device.type == "cpu" else self.tensor
+
+    def copy_pages_from(self, source: KVCache, block_ids: list[int]) -> None:
+        """Copy pages ``block_ids`` (all layers) of ``source``, a cache of the same layout on
+        another device, into the same pages here (a decode worker's pages landed in host memory
+        and moving to its GPU)."""
+        if source.layout != self.layout:
+            raise ValueError("copying pages needs caches of the same layout")
+        pages = torch.tensor(block_ids, dtype=torch.long)
+        self.tensor[pages.to(self.device)] = source.tensor[pages.to(source.device)].to(self.device)
 
     def _span(self, block_id: int, layer: int | None) -> slice:
         if layer is None:
@@ -111,7 +136,7 @@ class KVCache:
 
     def export_block(self, block_id: int, layer: int | None = None) -> bytes:
         """One block's KV (all layers, or one layer) exactly as it lies in the cache."""
-        return self._bytes[self._span(block_id, layer)].tobytes()
+        return self._bytes[self._span(block_id, layer)].cpu().numpy().tobytes()
 
     def import_block(self, block_id: int, data: bytes | memoryview, layer: int | None = None) -> None:
         """Write bytes produced by :meth:`export_block` (here or on another worker) into a page."""
@@ -119,13 +144,13 @@ class KVCache:
         incoming = np.frombuffer(data, dtype=np.uint8)
         if incoming.size != span.stop - span.start:
             raise ValueError(f"block data is {incoming.size} bytes, expected {span.stop - span.start}")
-        self._bytes[span] = incoming
+        self._bytes[span] = torch.from_numpy(incoming.copy()).to(self.device)
 
     def write(self, layer: int, block_table: list[int], positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, kv_heads, D] of tokens at absolute ``positions`` of one sequence."""
         size = self.layout.block_size
-        pages = torch.tensor(block_table, dtype=torch.long)[positions // size]
+        pages = torch.tensor(block_table, dtype=torch.long, device=self.device)[positions // size]
         self.write_slots(layer, pages, positions % size, k, v)
 
     def write_slots(self, layer: int, pages: torch.Tensor, slots: torch.Tensor,
@@ -140,7 +165,7 @@ class KVCache:
     def gather(self, layer: int, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [num_tokens, kv_heads, D] of positions 0..num_tokens-1 of one sequence."""
         size = self.layout.block_size
-        used = torch.tensor(block_table[:-(-num_tokens // size)], dtype=torch.long)
+        used = torch.tensor(block_table[:-(-num_tokens // size)], dtype=torch.long, device=self.device)
         pages = self.tensor[used, layer]  # [blocks, 2, block_size, kv_heads, D]
         shape = (-1, self.layout.num_kv_heads, self.layout.head_dim)
         return pages[:, 0].reshape(shape)[:num_tokens], pages[:, 1].reshape(shape)[:num_tokens]

@@ -74,7 +74,7 @@ class DecoderLayer(nn.Module):
         v = attn.v_proj(h).view(-1, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        inv_freq = inverse_frequencies(c.rope, c.head_dim)
+        inv_freq = inverse_frequencies(c.rope, c.head_dim, x.device)
         return rotate(q, positions, inv_freq), rotate(k, positions, inv_freq), v
 
     def finish(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,11 @@ class LlamaModel(nn.Module):
     def layers(self) -> nn.ModuleList:
         return self.model.layers
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are, and so where inputs and KV pages must be."""
+        return self.lm_head.weight.device
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(token_ids)
 
@@ -51,8 +56,8 @@ class LlamaModel(nn.Module):
     @torch.no_grad()
     def forward_dense(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [T, vocab] of every position, recomputing the whole sequence (no KV cache)."""
-        positions = torch.arange(len(token_ids))
-        h = self.embed(torch.tensor(token_ids))
+        positions = torch.arange(len(token_ids), device=self.device)
+        h = self.embed(torch.tensor(token_ids, device=self.device))
         for layer in self.layers:
             q, k, v = layer.qkv(h, positions)
             h = layer.finish(h, attend(q, k, v, positions))

@@ -70,8 +70,11 @@ class Rope:
 
 
 @functools.cache
-def inverse_frequencies(rope: Rope, head_dim: int) -> torch.Tensor:
-    """float32 [head_dim / 2]: the angle per position of each pair of dimensions."""
+def inverse_frequencies(rope: Rope, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """float32 [head_dim / 2] on ``device`` (default: the CPU): the angle per position of each
+    pair of dimensions. Computed on the CPU for every device, as transformers does, then moved."""
+    if device is not None and device.type != "cpu":
+        return inverse_frequencies(rope, head_dim).to(device)
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope.kind == "linear":
         return inv_freq / rope.factor

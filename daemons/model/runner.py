@@ -43,7 +43,7 @@ def prefill_layer(kv_cache: KVCache, index: int, layer: DecoderLayer, block_tabl
     layer's output. Shared by the whole-model prefill and the pipeline stages, so a block's KV and
     hidden states are the same bits whichever of the two computed them, in whatever chunks."""
     size, end = kv_cache.layout.block_size, start + hidden.shape[0]
-    positions = torch.arange(start, end)
+    positions = torch.arange(start, end, device=hidden.device)
     outputs = []
     for a in range(start, end, size):
         b = min(a + size, end)
@@ -59,6 +59,8 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache) -> None:
         if kv_cache.layout.num_layers != model.config.num_layers:
             raise ValueError("KV cache layout does not match the model's layers")
+        if kv_cache.device != model.device:
+            raise ValueError(f"KV pages on {kv_cache.device}, the model on {model.device}")
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.layout.block_size
@@ -66,7 +68,7 @@ class ModelRunner:
         # when a step needs more), since a fresh multi-MiB tensor per layer would spend more on
         # faulting in new pages than on the copy. Holds the largest batch x context seen so far,
         # and makes decode one caller at a time (a decode worker's one loop thread).
-        self._gathered = torch.empty(0, dtype=kv_cache.layout.dtype)
+        self._gathered = torch.empty(0, dtype=kv_cache.layout.dtype, device=kv_cache.device)
 
     @torch.no_grad()
     def prefill(self, seq: Sequence, on_layer_done: LayerDone | None = None) -> torch.Tensor:
@@ -81,7 +83,7 @@ class ModelRunner:
             raise ValueError(f"prefill must start at a block boundary before the last token, got {start} of {end}")
         if len(seq.block_table) * size < end:
             raise ValueError(f"block table of {len(seq.block_table)} pages cannot hold {end} tokens")
-        hidden = self.model.embed(torch.tensor(seq.token_ids[start:end]))
+        hidden = self.model.embed(torch.tensor(seq.token_ids[start:end], device=self.kv_cache.device))
         new_full_blocks = seq.block_table[start // size:end // size]
         for index, layer in enumerate(self.model.layers):
             hidden = prefill_layer(self.kv_cache, index, layer, seq.block_table, hidden, start)
@@ -108,9 +110,9 @@ class ModelRunner:
                 raise ValueError(f"sequence {seq.seq_id!r} has KV for {seq.num_kv_tokens} of {len(seq)} tokens")
             if len(seq.block_table) * self.block_size < len(seq):
                 raise ValueError(f"sequence {seq.seq_id!r} has no page for token {len(seq) - 1}")
-        step = _DecodeStep.of(seqs, self.block_size, self.kv_cache.layout.dtype)
+        step = _DecodeStep.of(seqs, self.block_size, self.kv_cache.layout.dtype, self.kv_cache.device)
         keys, values = self._gather_buffers(len(seqs), step.block_tables.shape[1] * self.block_size)
-        hidden = self.model.embed(torch.tensor([seq.token_ids[-1] for seq in seqs]))
+        hidden = self.model.embed(torch.tensor([seq.token_ids[-1] for seq in seqs], device=self.kv_cache.device))
         for index, layer in enumerate(self.model.layers):
             q, k, v = layer.qkv(hidden, step.positions)
             self.kv_cache.write_slots(index, step.write_pages, step.write_slots, k, v)
@@ -125,13 +127,13 @@ class ModelRunner:
         shape = (batch, width, self.kv_cache.layout.num_kv_heads, self.kv_cache.layout.head_dim)
         size = math.prod(shape)
         if self._gathered.numel() < 2 * size:
-            self._gathered = torch.empty(2 * size, dtype=self._gathered.dtype)
+            self._gathered = torch.empty(2 * size, dtype=self._gathered.dtype, device=self._gathered.device)
         return self._gathered[:size].view(shape), self._gathered[size:2 * size].view(shape)
 
 
 @dataclass(frozen=True)
 class _DecodeStep:
-    """The index tensors of one decode step, built once and used by every layer."""
+    """The index tensors of one decode step, built once and used by every layer, on the pages' device."""
 
     positions: torch.Tensor  # [B] position of each sequence's new token
     write_pages: torch.Tensor  # [B] page and slot where that token's K and V go
@@ -140,17 +142,17 @@ class _DecodeStep:
     mask: KeyMask
 
     @classmethod
-    def of(cls, seqs: list[Sequence], block_size: int, dtype: torch.dtype) -> _DecodeStep:
+    def of(cls, seqs: list[Sequence], block_size: int, dtype: torch.dtype, device: torch.device) -> _DecodeStep:
         lengths = [len(seq) for seq in seqs]
         num_pages = -(-max(lengths) // block_size)
         # Pages reserved beyond the longest context are left out; a shorter table is padded with
         # page 0, whose contents attention then zeroes and masks like any position past a length.
         tables = [table + [0] * (num_pages - len(table)) for table in (seq.block_table[:num_pages] for seq in seqs)]
-        positions = torch.tensor(lengths) - 1
+        positions = torch.tensor(lengths, device=device) - 1
         return cls(
             positions=positions,
-            write_pages=torch.tensor([table[(n - 1) // block_size] for table, n in zip(tables, lengths)]),
+            write_pages=torch.tensor([table[(n - 1) // block_size] for table, n in zip(tables, lengths)], device=device),
             write_slots=positions % block_size,
-            block_tables=torch.tensor(tables),
+            block_tables=torch.tensor(tables, device=device),
             mask=KeyMask.of_lengths(positions + 1, num_pages * block_size, dtype),
         )

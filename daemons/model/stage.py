@@ -48,6 +48,10 @@ class StageModel(nn.Module):
         self.lm_head = model.lm_head if self.is_last else None
 
     @property
+    def device(self) -> torch.device:
+        return self.layers[0].input_layernorm.weight.device
+
+    @property
     def is_first(self) -> bool:
         return self.start == 0
 
@@ -66,6 +70,8 @@ class StageRunner:
     def __init__(self, stage: StageModel, kv_cache: KVCache) -> None:
         if kv_cache.layout.num_layers != stage.config.num_layers:
             raise ValueError("KV cache layout does not match the model's layers")
+        if kv_cache.device != stage.device:
+            raise ValueError(f"KV pages on {kv_cache.device}, the stage's layers on {stage.device}")
         self.stage = stage
         self.kv_cache = kv_cache
         self.block_size = kv_cache.layout.block_size
@@ -86,7 +92,7 @@ class StageRunner:
         if len(seq.block_table) * size < end:
             raise ValueError(f"block table of {len(seq.block_table)} pages cannot hold {end} tokens")
         if self.stage.is_first:
-            hidden = self.stage.embed_tokens(torch.tensor(seq.token_ids[begin:end]))
+            hidden = self.stage.embed_tokens(torch.tensor(seq.token_ids[begin:end], device=self.kv_cache.device))
         elif hidden is None or hidden.shape[0] != end - begin:
             raise ValueError(f"stage [{self.stage.start}, {self.stage.stop}) needs {end - begin} hidden states in")
         filled = seq.block_table[begin // size:end // size]

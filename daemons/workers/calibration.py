@@ -19,10 +19,13 @@ costs from the first request and refits them from live samples afterwards.
   would be wrong by the shm/TCP ratio, and across hosts a nominal figure ignores Python's
   per-slice cost. The conductor plans with the slowest figure any worker measured.
 
-Both profiles run on a scratch KV cache of their own, never on the worker's pages, and stop
-adding shapes once ``calibration_time`` has passed (the first ``MIN_SHAPES`` always run, so a
-loaded machine still gets a fit); samples that do not determine a fit leave the figure out
-(None), and the conductor keeps what it had. Profiled while the machine is busy (other workers
+On a GPU every timing waits for the kernels queued so far, before the clock starts and before it
+is read (:func:`daemons.model.device.synchronize`): a CUDA call returns once its kernel is queued.
+
+Both profiles run on a scratch KV cache of their own (on the model's device), never on the
+worker's pages, and stop adding shapes once ``calibration_time`` has passed (the first
+``MIN_SHAPES`` always run, so a loaded machine still gets a fit); samples that do not determine
+a fit leave the figure out (None), and the conductor keeps what it had. Profiled while the machine is busy (other workers
 starting, say), the figures come out pessimistic; the live refits correct them.
 """
 
@@ -36,6 +39,7 @@ from collections.abc import Sequence as Samples
 import numpy as np
 
 from daemons.model import BlockManager, KVCache, KVCacheLayout, LlamaModel, ModelRunner, Sequence
+from daemons.model.device import synchronize
 from daemons.serving.messages import WorkerCalibration
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel
 from store.client import StoreClient
@@ -57,7 +61,7 @@ def kv_bytes_per_token(layout: KVCacheLayout) -> int:
 
 def _scratch_runner(model: LlamaModel, block_size: int, num_blocks: int) -> tuple[ModelRunner, BlockManager]:
     layout = KVCacheLayout.for_model(model.config, block_size, num_blocks)
-    return ModelRunner(model, KVCache(layout)), BlockManager(num_blocks, block_size)
+    return ModelRunner(model, KVCache(layout, device=model.device)), BlockManager(num_blocks, block_size)
 
 
 def _within_budget(shapes: Samples[tuple[int, int]], budget_s: float, samples: list) -> Iterator[tuple[int, int]]:
@@ -92,8 +96,10 @@ def profile_prefill(model: LlamaModel, block_size: int, budget_s: float,
             best = float("inf")
             for _ in range(2):
                 seq.num_kv_tokens = prefix
+                synchronize(model.device)
                 began = time.perf_counter()
                 runner.prefill(seq)
+                synchronize(model.device)
                 best = min(best, time.perf_counter() - began)
         finally:
             pages.deallocate(seq)
@@ -122,8 +128,10 @@ def profile_decode(model: LlamaModel, block_size: int, budget_s: float,
             best = float("inf")
             for _ in range(steps):
                 attended = sum(len(seq) for seq in seqs)
+                synchronize(model.device)
                 began = time.perf_counter()
                 logits = runner.decode(seqs)
+                synchronize(model.device)
                 best = min(best, time.perf_counter() - began)
                 for seq, token in zip(seqs, logits.argmax(dim=-1).tolist()):
                     seq.token_ids.append(int(token))  # no EOS handling: only the step's cost counts

@@ -1,8 +1,12 @@
 """The decode worker: continuous batching over KV pages the prefill workers write into.
 
-Its KV cache lives in a shared-memory region registered with its transfer engine at start, so a
-prefill worker on this host copies pages straight in (TCP or RDMA from other hosts). Operations
-(from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
+Its KV pages land in a shared-memory region registered with its transfer engine at start, so a
+prefill worker on this host copies pages straight in (TCP or RDMA from other hosts). On the CPU
+the model decodes over those very pages. On a GPU (model_device cuda) the model's pages are a
+CUDA tensor, and ``decode.start`` copies the request's prompt pages into it from where they
+landed: a prefill worker cannot write into GPU memory of another process (the transfer engine
+publishes a GPU buffer only where GPUDirect RDMA reaches it), so host pages stay the target.
+Operations (from the conductor; the typed messages are in :mod:`daemons.serving.messages`)::
 
     decode.reserve {"request_id", "token_ids", "max_tokens",
                     "writer": {"name", "address", "processes"}}  the prefill worker that writes them
@@ -64,7 +68,9 @@ class DecodeWorkerDaemon(WorkerDaemon):
         self.engine = open_engine(f"{self.name}-{self.cluster_id}-{self.started_at:.0f}", self.master_address,
                                   self.config, topology=matrix, shm_prefix=shm_prefix(self.cluster_id))
         buffer = self.engine.allocate_shared_buffer(self.layout.nbytes)
-        self.kv = KVCache(self.layout, buffer=buffer)
+        self.landing = KVCache(self.layout, buffer=buffer)  # where the prefill workers write
+        self.kv = (self.landing if self.model.device.type == "cpu"
+                   else KVCache(self.layout, device=self.model.device))
         self.kv_address = address_of(buffer)
         self.pages = BlockManager(self.layout.num_blocks, self.layout.block_size)
         self.batcher = ContinuousBatcher(ModelRunner(self.model, self.kv), self.pages,
@@ -134,6 +140,8 @@ class DecodeWorkerDaemon(WorkerDaemon):
             if seq is None:
                 raise InvalidArgument(f"no reservation for request {request_id!r}")
             seq.num_kv_tokens = len(seq)  # the prefill worker wrote KV of every prompt token
+            if self.kv is not self.landing:
+                self.kv.copy_pages_from(self.landing, seq.block_table[:-(-len(seq) // self.layout.block_size)])
             seq.append(first_token, self.model.config.stop_token_ids)
             if seq.is_finished:
                 self.pages.deallocate(seq)

@@ -16,8 +16,9 @@ which blocks are local to it. For each job (queued and reported as
   finish in the background, and the job's pages stay taken until they have.
 
 ``stored_blocks`` in the report counts the leading blocks the worker holds or is putting in its
-segment, ``replicated_blocks`` the pulled ones it is keeping. Its KV cache (one tensor) is
-registered with the store client's transfer engine once, at start.
+segment, ``replicated_blocks`` the pulled ones it is keeping. Its KV cache (one tensor, on the
+model's device) is registered with the store client's transfer engine once, at start; on a GPU
+the engine stages every load, put and send through pinned host memory.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from daemons.cluster.workdir import shm_prefix
 from daemons.observe.metrics import gauge
 from daemons.observe.store_metrics import client_families
 from daemons.model import KVCache, ModelRunner, Sequence, reusable_blocks
+from daemons.model.device import synchronize
 from daemons.serving.errors import PrefixLost
 from daemons.serving.messages import PrefillJob, PrefillReport, PrefillTimings
 from daemons.workers.kv_sender import KvSender, LayerStream
@@ -49,8 +51,8 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
                                  segment_size=self.config.prefill_segment_size,
                                  client_id=f"{self.name}-{self.cluster_id}-{self.started_at:.0f}")
         self.segment = self.store.owner.segment.segment_id if self.store.owner else None
-        self.kv = KVCache(self.layout)
-        self.kv_address = self.store.register_buffer(self.kv.numpy())
+        self.kv = KVCache(self.layout, device=self.model.device)
+        self.kv_address = self.store.register_buffer(self.kv.transfer_buffer())
         self.pages = PrefillPages(self.layout.num_blocks, self.layout.block_size)
         self.runner = ModelRunner(self.model, self.kv)
         self.prefix = PrefixStore(self.store, self.layout, self.kv_address, self.segment)
@@ -128,6 +130,7 @@ class PrefillWorkerDaemon(PrefillJobsDaemon):
             for pending in loads[1:]:  # nothing may still move into the pages
                 pending.exception()
             raise
+        synchronize(self.model.device)  # on a GPU the layers may still run: compute ends here
         computed = time.monotonic()
         kv_bytes = stream.wait()
         pulled = max(0, hit - local)

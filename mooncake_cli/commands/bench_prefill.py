@@ -43,8 +43,10 @@ def prefill(
     from daemons.cluster.workdir import ClusterPaths, shm_prefix
     from daemons.workers.cpp.group import PrefillGroup
     from daemons.workers.kv_sender import PageSink
+    from mooncake_cli.commands.start_role import check_model_device
     from transfer.from_settings import open_engine
 
+    check_model_device(config)  # the stages run the model there
     sizes = [int(v) for v in lengths.split(",")]
     groups = [int(v) for v in stages.split(",")]
     kv_bytes = 2 * config.model_layers * config.model_kv_heads * (config.model_hidden_size // config.model_heads) * 4

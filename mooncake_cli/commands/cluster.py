@@ -41,7 +41,10 @@ def up(json_output: bool = typer.Option(False, "--json", help=JSON_HELP), *, con
     # Imported in each command, not at the top: every `mooncake` call imports this module to
     # build its parser, and the supervisor brings the launcher, psutil and ZeroMQ.
     from daemons import supervisor
+    from mooncake_cli.commands.start_role import check_model_device
 
+    if config.prefill_workers or config.decode_workers:
+        check_model_device(config)
     try:
         if show_progress():
             with stderr.status(f"starting the cluster in {config.workdir} ..."):

@@ -61,8 +61,9 @@ def _command(role: str) -> Callable:
 
 
 def preflight(config: Config, role: str, name: str) -> ClusterPaths:
-    """Refuse to start when peers on other hosts could not reach our advertised address, or
-    when a daemon of that name already runs in this workdir; returns the workdir's paths."""
+    """Refuse to start when peers on other hosts could not reach our advertised address, when
+    a daemon of that name already runs in this workdir, or when a worker's model_device is not
+    on this host; returns the workdir's paths."""
     from daemons.cluster.advertise import check_reachable  # here for start-up time, as in _command
     from daemons.cluster.workdir import checked_name
     from daemons.launcher import live_daemons
@@ -73,6 +74,8 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
         check_reachable(config, role)  # standbys and clients on other hosts find us at this address
     except MooncakeError as exc:
         fail_on(exc)
+    if role in ("prefill", "decode"):
+        check_model_device(config)
     paths = ClusterPaths.of(config.workdir)
     if name in live_daemons(paths):
         fail(f"a daemon named {name!r} already runs in {paths.workdir}; stop it with `mooncake down`")
@@ -82,6 +85,19 @@ def preflight(config: Config, role: str, name: str) -> ClusterPaths:
     except MooncakeError as exc:
         fail_on(exc)
     return paths
+
+
+def check_model_device(config: Config) -> None:
+    """Refuse a model_device this host lacks (cuda without CUDA) in one line, before any daemon
+    starts, rather than with a worker's crash and its log."""
+    if config.model_device == "cpu":
+        return  # the CPU is always there, and checking a GPU imports torch (seconds)
+    from daemons.model.device import model_device
+
+    try:
+        model_device(config.model_device)
+    except MooncakeError as exc:
+        fail_on(exc)
 
 
 def launch(paths: ClusterPaths, config: Config, role: str, name: str, args: list[str]) -> dict:

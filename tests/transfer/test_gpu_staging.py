@@ -1,14 +1,14 @@
 """GPU buffers: cuda:N registration and staging through the pinned host mirror.
 
-No GPU here, so :class:`FakeGpuBuffer` implements the DeviceBuffer interface over ordinary
-memory standing for device memory (its address plays the device pointer, as UVA makes real
-device pointers distinct from host ones). It counts the staging copies it is asked to do.
+No GPU here, so :class:`tests.transfer.fake_gpu.FakeGpuBuffer` implements the DeviceBuffer
+interface over ordinary memory standing for device memory, and counts the staging copies.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.transfer.fake_gpu import FakeGpuBuffer
 from tests.transfer.rdma.fake_verbs import Fabric, FakeVerbs
 
 from transfer.engine import TransferEngine
@@ -17,27 +17,6 @@ from transfer.gpu.device_memory import view_address
 from transfer.memory import address_of
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-class FakeGpuBuffer:
-    def __init__(self, nbytes: int, index: int = 0) -> None:
-        self.memory = np.zeros(nbytes, np.uint8)  # "device memory"
-        self.pointer = view_address(memoryview(self.memory))
-        self.nbytes, self.location = nbytes, f"cuda:{index}"
-        self.mirror: np.ndarray | None = None
-        self.copies: list[tuple[str, int, int]] = []
-
-    def pinned_host(self) -> memoryview:
-        self.mirror = np.zeros(self.nbytes, np.uint8)
-        return memoryview(self.mirror)
-
-    def to_host(self, host: memoryview, offset: int, length: int) -> None:
-        self.copies.append(("to_host", offset, length))
-        np.frombuffer(host, np.uint8)[offset:offset + length] = self.memory[offset:offset + length]
-
-    def from_host(self, host: memoryview, offset: int, length: int) -> None:
-        self.copies.append(("from_host", offset, length))
-        self.memory[offset:offset + length] = np.frombuffer(host, np.uint8)[offset:offset + length]
 
 
 @pytest.mark.parametrize("protocol", ["shm", "tcp"])
@@ -134,3 +113,22 @@ def test_cuda_tensor_and_cupy_array_round_trip_through_staging(make_engine):
     initiator.register_local_memory(array)
     initiator.read(handle, int(array.data.ptr), address_of(remote), MiB)
     assert int((array == 5).sum()) == MiB
+
+
+def test_buffer_at_reads_the_device_bytes_and_copy_to_device_writes_the_view_back(make_engine):
+    """What the store client's checksums read, and what a disk replica is written through."""
+    engine = make_engine(protocol="tcp")
+    gpu = FakeGpuBuffer(MiB)
+    engine.register_local_memory(gpu)
+    gpu.memory[:] = np.arange(MiB) % 251
+    view = engine.buffer_at(gpu.pointer + 4096, 100)
+    assert bytes(view) == gpu.memory[4096:4196].tobytes() and gpu.copies == [("to_host", 4096, 100)]
+    view[:] = b"\x07" * 100
+    assert (gpu.memory[4096:4196] != 7).any()  # the view is the mirror, not the device
+    engine.copy_to_device(gpu.pointer + 4096, 100)
+    assert (gpu.memory[4096:4196] == 7).all() and gpu.copies[-1] == ("from_host", 4096, 100)
+    host = np.zeros(64, np.uint8)
+    engine.register_local_memory(host)
+    engine.buffer_at(address_of(host), 64)[:] = b"\x01" * 64
+    engine.copy_to_device(address_of(host), 64)  # host memory: the view is the memory itself
+    assert (host == 1).all() and len(gpu.copies) == 2

@@ -67,3 +67,12 @@ def test_every_default_parses_and_renders_back_to_itself():
     for spec in SETTINGS:
         value = spec.parse(spec.default)
         assert spec.parse(spec.render(value)) == value, spec.name
+
+
+def test_model_device_takes_cpu_cuda_or_a_numbered_cuda_device():
+    spec = setting("model_device")
+    assert [spec.parse(v) for v in ("cpu", "cuda", "cuda:0", "cuda:3")] == ["cpu", "cuda", "cuda:0", "cuda:3"]
+    for bad in ("gpu", "cuda:", "cuda:x", "CUDA", "cpu:0", "mps"):
+        with pytest.raises(SettingError, match="cpu, cuda .* or cuda:N"):
+            spec.parse(bad)
+    assert spec.default == "cpu" and spec.aliases == ("--device",)

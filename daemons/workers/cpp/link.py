@@ -4,9 +4,10 @@ The receiving stage registers an inbox of ``slots`` slots, each big enough for o
 sending stage copies a chunk's hidden states into its own registered staging buffer and WRITEs
 them into a free slot with the transfer engine (shared memory on this host, TCP or RDMA between
 hosts); only then does it say which slot on the control pipe. The receiver copies the chunk out
-and hands the slot back on the same pipe, so a sender that runs ahead by ``slots`` chunks waits
-for credit instead of overwriting a chunk not yet read. Notices and credits are a few bytes;
-activations never travel on the control pipe.
+(onto its model's device) and hands the slot back on the same pipe, so a sender that runs ahead
+by ``slots`` chunks waits for credit instead of overwriting a chunk not yet read. Notices and
+credits are a few bytes; activations never travel on the control pipe. On a GPU a chunk passes
+through host memory on both sides.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def _wait(conn: Connection, timeout: float, what: str) -> object:
 
 class Inbox:
     def __init__(self, engine: TransferEngine, conn: Connection, slots: int, chunk_tokens: int,
-                 hidden_size: int, dtype: torch.dtype, timeout: float) -> None:
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, timeout: float) -> None:
         self.conn, self.timeout = conn, timeout
-        self.hidden_size, self.dtype = hidden_size, dtype
+        self.hidden_size, self.dtype, self.device = hidden_size, dtype, device
         self.slot_bytes = chunk_tokens * hidden_size * torch.empty((), dtype=dtype).element_size()
         self.buffer = engine.allocate_shared_buffer(slots * self.slot_bytes)
         self.address = int(self.buffer.ctypes.data)
@@ -41,9 +42,11 @@ class Inbox:
         if tokens != num_tokens:
             raise ValueError(f"expected {num_tokens} hidden states, the stage before sent {tokens}")
         start = slot * self.slot_bytes
-        raw = self.buffer[start:start + self.slot_bytes].copy()  # the slot is reused once credited
+        chunk = torch.from_numpy(self.buffer[start:start + tokens * self.hidden_size * self.dtype.itemsize])
+        # A copy (onto the device, or a fresh CPU tensor) before the slot is credited and reused.
+        hidden = chunk.to(self.device, copy=True).view(self.dtype).view(tokens, self.hidden_size)
         self.conn.send(slot)
-        return torch.from_numpy(raw).view(self.dtype)[:tokens * self.hidden_size].view(tokens, self.hidden_size)
+        return hidden
 
 
 class Outbox:
@@ -62,12 +65,15 @@ class Outbox:
         if not self.free:
             self.free.append(_wait(self.conn, self.timeout, "free slot"))
         slot = self.free.popleft()
-        data = hidden.contiguous().view(-1).view(torch.uint8).numpy()
-        if data.size > self.slot_bytes:
-            raise ValueError(f"chunk of {data.size} bytes exceeds the {self.slot_bytes}-byte slot")
-        self.staging[:data.size] = data
+        nbytes = hidden.numel() * hidden.element_size()
+        if nbytes > self.slot_bytes:
+            raise ValueError(f"chunk of {nbytes} bytes exceeds the {self.slot_bytes}-byte slot")
+        # Into host staging memory, from the CPU or the device alike (a GPU's copy waits for
+        # the kernels that computed the chunk).
+        staged = torch.from_numpy(self.staging[:nbytes]).view(hidden.dtype).view(hidden.shape)
+        staged.copy_(hidden)
         self.engine.transfer_sync([TransferRequest(OpCode.WRITE, self.staging_address, self.handle,
-                                                   self.peer_address + slot * self.slot_bytes, data.size)])
+                                                   self.peer_address + slot * self.slot_bytes, nbytes)])
         self.conn.send((slot, hidden.shape[0]))
 
 

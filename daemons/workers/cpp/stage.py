@@ -1,5 +1,9 @@
 """One process of a CPP prefill group: layers [a, b) of the model, its own KV pages, its own store client.
 
+The layers, pages and activations are on the model_device; hidden states cross to the next stage
+through host memory (:mod:`daemons.workers.cpp.link`), KV to the store and the decode worker
+through the transfer engine's staging of GPU memory, as on a plain prefill worker.
+
 Protocol on the job pipe from the group (``daemons.workers.cpp.group``), in order:
 
     -> {"engine", "inbox"}           this stage's transfer-engine segment and inbox address
@@ -52,6 +56,7 @@ from daemons.workers.kv_sender import KvSender
 from daemons.workers.prefill_pages import PrefillPages
 from daemons.model import (KVCache, StageModel, StageRunner, Sequence, build_model, chunk_bounds,
                            kv_layout, reusable_blocks, run_stage, split_layers)
+from daemons.model.device import synchronize
 from daemons.serving.errors import PrefixLost
 from daemons.workers.prefix_store import PrefixStore
 from transfer.engine import TransferEngine
@@ -69,7 +74,7 @@ class Stage:
         model = build_model(config)
         self.layout = kv_layout(config, model)
         start, stop = split_layers(model.config.num_layers, stages)[index]
-        self.runner = StageRunner(StageModel(model, start, stop), KVCache(self.layout))
+        self.runner = StageRunner(StageModel(model, start, stop), KVCache(self.layout, device=model.device))
         # Stage 0 runs short prompts alone, so it keeps every layer (the others drop theirs).
         self.whole = (StageRunner(StageModel(model, 0, model.config.num_layers), self.runner.kv_cache)
                       if index == 0 else None)
@@ -81,7 +86,7 @@ class Stage:
         size = self.layout.block_size
         self.slot_tokens = -(-self.chunk // size) * size
         self.inbox = (Inbox(self.engine, prev, INBOX_SLOTS, self.slot_tokens, model.config.hidden_size,
-                            model.config.torch_dtype, config.rpc_timeout) if prev is not None else None)
+                            model.config.torch_dtype, model.device, config.rpc_timeout) if prev is not None else None)
         self.next_conn = next_
         self.outbox: Outbox | None = None
         self.store = self.prefix = self.sender = None
@@ -107,7 +112,7 @@ class Stage:
         master, cluster_id = with_store if isinstance(with_store, tuple) else master_of(self.config)
         segment_size = self.config.prefill_segment_size if segment_owner else 0
         self.store = connect_to(self.config, master, cluster_id, segment_size=segment_size, client_id=segment_owner)
-        self.kv_address = self.store.register_buffer(self.runner.kv_cache.numpy())
+        self.kv_address = self.store.register_buffer(self.runner.kv_cache.transfer_buffer())
         self.sender = KvSender(self.store.engine, self.layout, self.kv_address)
         return self.store.owner.segment.segment_id if self.store.owner else None
 
@@ -188,6 +193,7 @@ class Stage:
         try:
             logits = run_stage(runner, seq, chunks, self.inbox if job["pipelined"] else None,
                                self.outbox if job["pipelined"] else None, layer_done)
+            synchronize(runner.stage.device)  # on a GPU the layers may still run: compute ends here
             computed = time.monotonic()
             kv_bytes = stream.wait() if stream is not None else 0
         finally:
@@ -213,7 +219,7 @@ class Stage:
         if job["want_kv"]:
             kv = {layer: [self.runner.kv_cache.export_block(p, layer) for p in seq.block_table]
                   for layer in range(runner.stage.start, runner.stage.stop)}
-        return {"ok": True, "logits": None if logits is None else logits.numpy().tobytes(),
+        return {"ok": True, "logits": None if logits is None else logits.cpu().numpy().tobytes(),
                 "logits_at": computed if logits is not None else None, "sent_at": sent, "done_at": done,
                 "compute": computed - began, "store_tail": done - sent, "stored": stored,
                 "replicated": pulled if keep else 0,
