@@ -25,6 +25,7 @@ transfer engines given ``metadata_server="http://host:port/metadata"``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +44,10 @@ from transfer.auth import cluster_secret
 from transfer.metadata.http_backend import HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
 from transfer.settings import Config
+
+log = logging.getLogger(__name__)
+
+METADATA_EXPIRY_INTERVAL = 10.0  # seconds between sweeps of the segment descriptors' TTL
 
 
 class MasterDaemon(Daemon):
@@ -77,6 +82,7 @@ class MasterDaemon(Daemon):
         if self.metrics is not None:
             server = self.metrics.counted(server)
         self.segment_descriptors = MetadataTable(self.config.metadata_max_entries)
+        self.next_metadata_expiry = 0.0
         serve_metadata(server, self.segment_descriptors)
         self.store = StoreService(self.config, self.kv_events)
         self.store.register(server)
@@ -85,6 +91,10 @@ class MasterDaemon(Daemon):
 
     def tick(self, now: float) -> None:
         self.store.tick(now)
+        if now >= self.next_metadata_expiry:
+            self.next_metadata_expiry = now + METADATA_EXPIRY_INTERVAL
+            for name in self.segment_descriptors.expire(self.config.metadata_ttl):
+                log.info("segment descriptor %s not published for %gs: dropped", name, self.config.metadata_ttl)
 
     def teardown(self) -> None:
         if self.election is not None:

@@ -19,7 +19,7 @@ from transfer.batch import OpCode, Slice, Task
 from transfer.batches import BatchMixin
 from transfer.descriptor import SegmentDescriptor, local_host_id
 from transfer.engine_options import EngineOptions
-from transfer.errors import AddressNotRegistered, DeviceNotFound, MemoryLockLimit
+from transfer.errors import AddressNotRegistered, DeviceNotFound, MemoryLockLimit, MooncakeError
 from transfer.gpu.cuda_memory import gpudirect_available
 from transfer.gpu.device_memory import DeviceBuffer, device_buffer_of, view_address
 from transfer.memory import MemoryRegistry, RegisteredBuffer, address_of, as_byte_view
@@ -75,6 +75,7 @@ class TransferEngine(BatchMixin):
         self._region_ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._stop_refresh = threading.Event()
         listen = listen or [("lo" if host.startswith("127.") else "nic0", host)]
         self.topology = topology or {"*": [[nic for nic, _ in listen], []]}
         self.paths = PathSet(self.topology, self.options.path_cooldown)
@@ -112,6 +113,7 @@ class TransferEngine(BatchMixin):
         self._rpc.register(EXCHANGE_OP, self._exchange)
         self._rpc.start()
         self.version = self._metadata.publish(self.descriptor())
+        threading.Thread(target=self._refresh_loop, name="te-meta-refresh", daemon=True).start()
 
     def _probe_rdma(self, verbs: Verbs | None) -> list:
         """Usable RDMA devices; under ``auto`` none (and the reason kept) when RDMA is absent."""
@@ -162,6 +164,7 @@ class TransferEngine(BatchMixin):
             if self._closed:
                 return
             self._closed = True
+            self._stop_refresh.set()
             owned = list(self._owned.values())
             self._owned.clear()
         try:
@@ -303,6 +306,15 @@ class TransferEngine(BatchMixin):
 
     def _publish(self) -> None:
         self.version = self._metadata.publish(self.descriptor())
+
+    def _refresh_loop(self) -> None:
+        """Publish our descriptor again every fifth of the metadata TTL: the master's table drops
+        descriptors not refreshed within it (engines that died without withdrawing)."""
+        while not self._stop_refresh.wait(self.options.metadata_ttl / 5):
+            try:
+                self._publish()
+            except MooncakeError as exc:  # the master may be restarting: the next round retries
+                log.debug("could not refresh our segment descriptor: %s", exc)
 
     def _exchange(self, request: Request) -> dict:
         """P2P handshake: learn the caller's descriptor, answer with ours."""

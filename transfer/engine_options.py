@@ -26,6 +26,7 @@ class EngineOptions:
     rdma_gid_index: int = -1
     rdma_mtu: int = 0
     rdma_qps_per_endpoint: int = 2
+    metadata_ttl: float = 300.0  # our descriptor is published again every fifth of it
     shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
     # Required of peers by the engine's control server and TCP target, and proven to theirs.
     secret: ClusterSecret | None = None

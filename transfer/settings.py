@@ -244,6 +244,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("topology", "include_virtual", "bool", False,
        "List virtual network interfaces (veth, bridges) as usable NICs."),
     # transfer: the transfer engine's data plane
+    _s("transfer", "metadata_ttl", "duration", 300.0,
+       "A segment descriptor in the master's metadata service not published again for this long "
+       "is dropped (its engine died without withdrawing it); engines publish theirs again every "
+       "fifth of it.", minimum=1.0),
     _s("transfer", "metadata_max_entries", "int", 16384,
        "Most entries each of the master's registries holds (segment descriptors, services, HTTP "
        "metadata keys); a new name beyond it is refused (TABLE_FULL), a known one still replaced.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 
@@ -9,6 +10,8 @@ import pytest
 
 from transfer.batch import cut
 from transfer.descriptor import BufferDesc, Endpoint, SegmentDescriptor
+from transfer.engine import TransferEngine
+from transfer.engine_options import EngineOptions
 from transfer.auth import ClusterSecret
 from transfer.errors import InvalidArgument, RpcError, SegmentNotFound, TableFull
 from transfer.metadata.client import MasterMetadata
@@ -118,3 +121,36 @@ def test_the_http_metadata_server_with_a_token_serves_only_requests_that_carry_i
             HttpMetadata(http.url, timeout=5).fetch("x")
     finally:
         http.close()
+
+
+def test_descriptors_not_published_again_within_the_ttl_are_dropped_and_refreshes_keep_versions():
+    """An engine killed without withdrawing left its descriptor for good: enough of them filled
+    the table (TABLE_FULL for every new engine). Engines now publish theirs again; the rest expire."""
+    now = [100.0]
+    table = MetadataTable(clock=lambda: now[0])
+    live, dead = _descriptor("live", "one"), _descriptor("dead", "one")
+    first = table.put(live)
+    table.put(dead)
+    now[0] += 200
+    assert table.put(live) == first  # the same descriptor again: fresh, same version
+    now[0] += 200
+    assert table.expire(300) == ["dead"]
+    assert table.names() == ["live"] and table.get("live").version == first
+    assert table.put(_descriptor("live", "two")) > first  # a restart is a new version
+
+
+def test_an_engine_publishes_its_descriptor_again_so_it_never_expires():
+    server = RpcServer().start()
+    table = MetadataTable()
+    serve_metadata(server, table)
+    engine = TransferEngine("refreshing", metadata=server.address,
+                            options=EngineOptions(protocol="tcp", metadata_ttl=0.5))
+    try:
+        for _ in range(3):
+            time.sleep(0.6)
+            assert table.expire(1.0) == []  # published again every 0.1 s, so never 1 s old
+        engine.close()
+        assert table.names() == []  # withdrawn on close
+    finally:
+        engine.close()
+        server.stop()
