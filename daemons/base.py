@@ -40,7 +40,7 @@ class Daemon:
     # The port of the HTTP metrics server: 0, a free one (several daemons share a host); a master
     # started on its own (`mooncake start master`) takes metrics_port, as mooncake_master does.
     metrics_bind_port = 0
-    metrics_http = None  # the HTTP metrics server while it runs (daemons.observe.http_server.HttpServer)
+    metrics_http = None  # the HTTP metrics server while it runs (daemons.asgi.server.HttpServer)
 
     def __init__(self, name: str, paths: ClusterPaths, config: Config, cluster_id: str,
                  port: int = 0) -> None:

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from daemons.observe.http_server import HttpServer
+from daemons.asgi.server import HttpServer
 
 CLOSE_GRACE = 1.0  # seconds a scrape in flight may take to finish when the daemon stops
 START_TIMEOUT = 10.0
@@ -34,4 +34,5 @@ def metrics_endpoint(registry: CollectorRegistry):
 
 
 def serve(app: Starlette, host: str, port: int, role: str) -> HttpServer:
-    return HttpServer(app, host, port, CLOSE_GRACE, purpose=f"{role}'s metrics server").start(START_TIMEOUT)
+    return HttpServer(app, host, port, CLOSE_GRACE, purpose=f"{role}'s metrics server",
+                      advice="choose another metrics_port, or 0 to turn it off").start(START_TIMEOUT)

@@ -35,7 +35,7 @@ from daemons.cluster.workdir import read_json
 from daemons.model import ModelConfig, Tokenizer, build_tokenizer
 from daemons.serving.errors import BadRequest
 from daemons.serving.http_frontend import RANDOM_MODEL_ID, build_app
-from daemons.serving.http_server import HttpServer
+from daemons.asgi.server import HttpServer
 from daemons.serving.kv_events import KvEventSubscriber
 from daemons.serving.service import ServingService
 from scheduler.block_hash import parse_key

@@ -59,7 +59,7 @@ RANDOM_MODEL_ID = "mooncake-random"
 
 def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: int, model_id: str,
               max_body: int, default_max_tokens: int, *, read_timeout: float) -> ASGIApp:
-    """The ASGI application; :class:`daemons.serving.http_server.HttpServer` serves it."""
+    """The ASGI application; :class:`daemons.asgi.server.HttpServer` serves it."""
     # No /docs pages: they load their scripts from a CDN. The OpenAPI schema stays at /openapi.json.
     app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None, max_body_size=max_body)
     api = OpenAiApi(service, tokenizer, vocab_size, model_id, default_max_tokens)

@@ -13,7 +13,7 @@ import pytest
 
 from daemons.model import ByteTokenizer
 from daemons.serving.http_frontend import build_app
-from daemons.serving.http_server import HttpServer
+from daemons.asgi.server import HttpServer
 from daemons.serving.messages import WorkerCalibration
 from daemons.serving.service import ServingService
 from tests.daemons.serving.helpers import metric, request

@@ -1,11 +1,12 @@
 """uvicorn serving an ASGI application on a thread of its own, with its own event loop, inside a
-daemon whose main thread runs the RPC loop.
+daemon whose main thread runs the RPC loop: the conductor's front end and each daemon's metrics.
 
 The listening socket is bound here, before the thread starts: a port in use is a clear error in
-the caller (uvicorn would log it and exit the thread), and the port bound for ``http_port`` 0 is
-known at once. :meth:`HttpServer.close` asks uvicorn to stop as on SIGTERM: it stops accepting,
-lets requests in flight finish for ``grace`` seconds, then cancels them (their request threads
-are cancelled with them, see :mod:`daemons.serving.request_thread`), and closes the socket.
+the caller (uvicorn would log it and exit the thread), and the port bound for 0 is known at once.
+:meth:`HttpServer.close` asks uvicorn to stop as on SIGTERM: it stops accepting, lets requests in
+flight finish for ``grace`` seconds, then cancels them (the front end's request threads are
+cancelled with them, see :mod:`daemons.serving.request_thread`), joins the thread and closes the
+socket: a stopped daemon leaves no thread and no port behind.
 """
 
 from __future__ import annotations
@@ -64,16 +65,18 @@ def header_deadline(seconds: float) -> type[HeaderDeadline]:
 
 
 class HttpServer:
-    def __init__(self, app: Any, host: str, port: int, grace: float, header_timeout: float = 10.0) -> None:
-        """``header_timeout``: seconds a connection may take to send a request's headers."""
+    def __init__(self, app: Any, host: str, port: int, grace: float, header_timeout: float = 10.0, *,
+                 purpose: str = "HTTP front end", advice: str = "choose another http_port, or 0 for any free one") -> None:
+        """``header_timeout``: seconds a connection may take to send a request's headers;
+        ``purpose`` names the server in errors, ``advice`` says what to do about a port in use."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self.socket = socket.create_server((host, port), family=family)
-        except OSError as exc:
-            raise SocketError(f"the HTTP front end cannot listen on {host}:{port} ({exc.strerror or exc}): "
-                              "choose another http_port, or 0 for any free one") from None
+        except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
+            reason = getattr(exc, "strerror", None) or exc
+            raise SocketError(f"the {purpose} cannot listen on {host}:{port} ({reason}): {advice}") from None
         self.host, self.port = self.socket.getsockname()[:2]
-        self.grace = grace
+        self.grace, self.purpose = grace, purpose
         # log_config None: the daemon's logging stays as it is; no access log (one line per request).
         self.server = uvicorn.Server(uvicorn.Config(
             app, log_config=None, access_log=False, lifespan="off", http=header_deadline(header_timeout),
@@ -93,7 +96,7 @@ class HttpServer:
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 self.close()
-                raise SocketError(f"the HTTP front end did not start on {self.url} within {timeout:g}s "
+                raise SocketError(f"the {self.purpose} did not start on {self.url} within {timeout:g}s "
                                   "(see the log)")
             time.sleep(0.01)
         return self
@@ -104,5 +107,5 @@ class HttpServer:
         if self.thread.ident is not None:  # started
             self.thread.join(timeout=self.grace + JOIN_MARGIN)
         if self.thread.is_alive():
-            log.warning("the HTTP front end did not stop within %.1fs", self.grace + JOIN_MARGIN)
+            log.warning("the %s did not stop within %.1fs", self.purpose, self.grace + JOIN_MARGIN)
         self.socket.close()
