@@ -45,12 +45,12 @@ class Replication:
         held = {r.segment_id for r in obj.replicas}
         targets = []
         for segment_id in dict.fromkeys(s for s in segment_ids if s not in held):
-            allocator = self.segments[segment_id].allocator
-            if not allocator.can_allocate(obj.size):
+            segment = self.segments[segment_id]
+            if not segment.allocator.can_allocate(obj.size):
                 for replica in targets:
-                    self.segments[replica.segment_id].allocator.free(replica.address)
+                    self._return_range(key, replica, obj.size)
                 raise NoAvailableHandle(f"segment {segment_id!r} has no {obj.size} free bytes for {key!r}")
-            targets.append(Replica(segment_id, allocator.allocate(obj.size)))
+            targets.append(Replica(segment_id, self._take_range(segment, key, obj.size)))
         obj.copying, obj.copying_owner = targets, client_id
         obj.copy_sources = [(r.segment_id, r.address) for r in sources]
         return {"sources": self._descriptors(sources, obj.size), "targets": self._descriptors(targets, obj.size),
@@ -76,7 +76,7 @@ class Replication:
         obj.copying, obj.copying_owner, obj.copy_sources = [], "", []
         if drop_segment:
             for replica in [r for r in obj.replicas if r.segment_id == drop_segment]:
-                self._free(key, replica)
+                self._free(obj, replica)
                 obj.replicas.remove(replica)
         self.stats.num_copies += 1
 
@@ -87,7 +87,7 @@ class Replication:
         """Free the replicas a copy of ``obj`` was writing (its copier's end then fails)."""
         for replica in obj.copying:
             if replica.segment_id in self.segments:
-                self.segments[replica.segment_id].allocator.free(replica.address)
+                self._return_range(obj.key, replica, obj.size)
         obj.copying, obj.copying_owner, obj.copy_sources = [], "", []
 
     def _copying(self, client_id: str, key: str, now: float) -> ObjectMeta:

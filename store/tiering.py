@@ -78,7 +78,7 @@ class Tiering:
                                 self._rng)
         for segment in order:
             if segment.allocator.can_allocate(obj.size):
-                obj.promoting = Replica(segment.segment_id, segment.allocator.allocate(obj.size))
+                obj.promoting = Replica(segment.segment_id, self._take_range(segment, key, obj.size))
                 obj.promoting_owner = client_id
                 return segment.describe(obj.promoting, obj.size)
         raise NoAvailableHandle(f"no segment has {obj.size} free bytes to promote {key!r}")
@@ -97,7 +97,7 @@ class Tiering:
 
     def promote_revoke(self, client_id: str, key: str, now: float) -> None:
         obj = self._promoting(client_id, key, now)
-        self.segments[obj.promoting.segment_id].allocator.free(obj.promoting.address)
+        self._return_range(key, obj.promoting, obj.size)
         obj.promoting = None
 
     def _complete(self, key: str) -> ObjectMeta:
