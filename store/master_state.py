@@ -41,7 +41,7 @@ from store.policy import StorePolicy
 from store.replication import Replication
 from store.segment_journal import SegmentJournal
 from store.stats import MasterStats
-from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, split_key, tenant_of
+from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, shown, split_key, tenant_of
 from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 
 DEFAULT_CONFIG = ReplicateConfig()
@@ -105,7 +105,7 @@ class MasterState(Membership, Tiering, Replication):
             self._preempt_or_refuse(existing, now)
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         if existing.leased(now):
-            raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
+            raise ObjectHasLease(f"{shown(key)} is being read; it cannot be overwritten yet")
         if existing.size != size or not all(r.in_memory for r in existing.replicas):
             self._drop(existing)  # a disk copy would be stale; overwrite in memory only
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
@@ -147,7 +147,7 @@ class MasterState(Membership, Tiering, Replication):
         self._touch(client_id, now)
         obj = self._owned(client_id, key)
         if obj.complete:
-            raise InvalidParams(f"{key!r} is complete; remove it instead of revoking")
+            raise InvalidParams(f"{shown(key)} is complete; remove it instead of revoking")
         self._drop(obj)
         self.stats.num_put_revokes += 1
 
@@ -188,9 +188,9 @@ class MasterState(Membership, Tiering, Replication):
         it runs out the object is neither removed (unless forced), overwritten nor evicted."""
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
-            raise ReplicaIsNotReady(f"{key!r} is still being written")
+            raise ReplicaIsNotReady(f"{shown(key)} is still being written")
         obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
         obj.last_access = now
         if key in self.lru:
@@ -220,11 +220,11 @@ class MasterState(Membership, Tiering, Replication):
     def remove(self, key: str, now: float, force: bool = False) -> None:
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
-            raise ReplicaIsNotReady(f"{key!r} is still being written; revoke it instead")
+            raise ReplicaIsNotReady(f"{shown(key)} is still being written; revoke it instead")
         if obj.leased(now) and not force:
-            raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
+            raise ObjectHasLease(f"{shown(key)} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
         self._drop(obj)
         self.stats.num_removed += 1
 
@@ -360,9 +360,9 @@ class MasterState(Membership, Tiering, Replication):
     def _owned(self, client_id: str, key: str) -> ObjectMeta:
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r} (revoked, preempted or never started)")
+            raise ObjectNotFound(f"no object {shown(key)} (revoked, preempted or never started)")
         if obj.owner != client_id:
-            raise IllegalClient(f"{key!r} was started by another client")
+            raise IllegalClient(f"{shown(key)} was started by another client")
         return obj
 
     def _preempt_or_refuse(self, existing: ObjectMeta, now: float) -> None:
@@ -370,7 +370,7 @@ class MasterState(Membership, Tiering, Replication):
         an older put is presumed abandoned and is revoked so the new one can proceed."""
         age = now - existing.put_start_time
         if existing.complete or age < self.policy.put_start_discard_timeout:
-            raise ObjectAlreadyExists(f"{existing.key!r} already exists")
+            raise ObjectAlreadyExists(f"{shown(existing.key)} already exists")
         self._drop(existing)
         self.stats.num_preempted += 1
 
@@ -411,7 +411,7 @@ class MasterState(Membership, Tiering, Replication):
             self._evicting_for.add(tenant)
         if not replicas:
             self.stats.num_allocation_failures += 1
-            raise NoAvailableHandle(f"no segment can hold {size} bytes for {key!r}")
+            raise NoAvailableHandle(f"no segment can hold {size} bytes for {shown(key)}")
         if len(replicas) < config.replica_num:
             self.stats.num_partial_allocations += 1
         obj = self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
@@ -436,7 +436,7 @@ class MasterState(Membership, Tiering, Replication):
         self.stats.num_quota_rejections += 1
         raise TenantQuotaExceeded(
             f"tenant {tenant!r} holds {self.tenants.used.get(tenant, 0)} of its {self.tenants.quota(tenant)} "
-            f"bytes; {split_key(key)[1]!r} needs {need} and evicting its objects frees only {freed}")
+            f"bytes; {shown(key)} needs {need} and evicting its objects frees only {freed}")
 
     def _evict_for(self, size: int, excluded: set[str], now: float, tenant: str) -> bool:
         """Evict LRU objects of ``tenant`` holding space on segments that could take one more

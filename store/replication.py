@@ -24,6 +24,7 @@ from __future__ import annotations
 from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, ObjectHasLease,
                           ObjectNotFound)
 from store.objects import ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus
+from store.tenants import shown
 
 
 class Replication:
@@ -38,10 +39,10 @@ class Replication:
         if unknown:
             raise InvalidParams(f"target segments {unknown} are not mounted")
         if obj.copying_owner:
-            raise InvalidParams(f"{key!r} is being copied already")
+            raise InvalidParams(f"{shown(key)} is being copied already")
         sources = [r for r in obj.replicas if r.in_memory]
         if not sources:
-            raise InvalidParams(f"{key!r} has no memory replica to copy from")
+            raise InvalidParams(f"{shown(key)} has no memory replica to copy from")
         held = {r.segment_id for r in obj.replicas}
         targets = []
         for segment_id in dict.fromkeys(s for s in segment_ids if s not in held):
@@ -49,7 +50,7 @@ class Replication:
             if not segment.allocator.can_allocate(obj.size):
                 for replica in targets:
                     self._return_range(key, replica, obj.size)
-                raise NoAvailableHandle(f"segment {segment_id!r} has no {obj.size} free bytes for {key!r}")
+                raise NoAvailableHandle(f"segment {segment_id!r} has no {obj.size} free bytes for {shown(key)}")
             targets.append(Replica(segment_id, self._take_range(segment, key, obj.size)))
         obj.copying, obj.copying_owner = targets, client_id
         obj.copy_sources = [(r.segment_id, r.address) for r in sources]
@@ -62,11 +63,11 @@ class Replication:
         present = {(r.segment_id, r.address) for r in obj.replicas}
         if not all(source in present for source in obj.copy_sources):
             self._abandon_copy(obj)
-            raise ObjectNotFound(f"a replica {key!r} was copied from went during the copy")
+            raise ObjectNotFound(f"a replica {shown(key)} was copied from went during the copy")
         if drop_segment and not any(r.segment_id != drop_segment for r in obj.replicas + obj.copying):
-            raise InvalidParams(f"dropping the replica on {drop_segment!r} would leave {key!r} none")
+            raise InvalidParams(f"dropping the replica on {drop_segment!r} would leave {shown(key)} none")
         if drop_segment and obj.leased(now):
-            raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
+            raise ObjectHasLease(f"{shown(key)} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
         for replica in obj.copying:
             replica.status = ReplicaStatus.COMPLETE
             self.journal.completed(replica.segment_id, key, replica.address, obj.size, obj.checksum,
@@ -94,9 +95,9 @@ class Replication:
         self._touch(client_id, now)
         obj = self.objects.get(key)
         if obj is None or not obj.copying_owner:
-            raise ObjectNotFound(f"{key!r} is not being copied (removed, overwritten, or a segment went)")
+            raise ObjectNotFound(f"{shown(key)} is not being copied (removed, overwritten, or a segment went)")
         if obj.copying_owner != client_id:
-            raise IllegalClient(f"{key!r} is being copied by another client")
+            raise IllegalClient(f"{shown(key)} is being copied by another client")
         return obj
 
     def _descriptors(self, replicas: list[Replica], size: int) -> list[ReplicaDescriptor]:

@@ -51,6 +51,12 @@ def tenant_of(scoped: str) -> str:
     return scoped.partition(_SEPARATOR)[0] if _SEPARATOR in scoped else DEFAULT_TENANT
 
 
+def shown(scoped: str) -> str:
+    """A scoped key as messages name it: ``'k'``, or ``'k' of tenant 't'``."""
+    tenant, key = split_key(scoped)
+    return repr(key) if tenant == DEFAULT_TENANT else f"{key!r} of tenant {tenant!r}"
+
+
 def parse_quotas(text: str) -> dict[str, int]:
     """``"a=1GiB, b=512MB"`` as {"a": 2**30, "b": 2**29}; InvalidParams for anything else."""
     quotas: dict[str, int] = {}

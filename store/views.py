@@ -12,7 +12,7 @@ from collections import Counter
 from store.errors import ObjectNotFound
 from store.master_state import MasterState
 from store.objects import ObjectMeta
-from store.tenants import split_key, tenant_of
+from store.tenants import shown, split_key, tenant_of
 
 
 def counters_view(state: MasterState) -> dict:
@@ -50,7 +50,7 @@ def object_view(state: MasterState, key: str, now: float) -> dict:
     """The object under scoped key ``key``."""
     obj = state.objects.get(key)
     if obj is None:
-        raise ObjectNotFound(f"no object {split_key(key)[1]!r}")
+        raise ObjectNotFound(f"no object {shown(key)}")
     return _object_row(state, obj, now)
 
 
