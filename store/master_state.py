@@ -329,9 +329,10 @@ class MasterState(Membership, Tiering, Replication):
 
     # == helpers ==============================================================================
     def _check_key(self, key: str) -> None:
-        if not isinstance(key, str) or not split_key(key)[1]:
+        local = split_key(key)[1] if isinstance(key, str) else ""
+        if not local:
             raise InvalidParams("key must be a non-empty string")
-        if len(split_key(key)[1].encode()) > self.policy.max_key_length:
+        if len(local.encode()) > self.policy.max_key_length:
             raise InvalidParams(f"key is longer than {self.policy.max_key_length} bytes")
 
     @staticmethod
@@ -393,8 +394,7 @@ class MasterState(Membership, Tiering, Replication):
     def _allocate(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
                   order: list[SegmentState]) -> list[ReplicaDescriptor]:
         tenant = tenant_of(key)
-        # Replicas are best effort: no more can be placed than there are segments.
-        self._make_quota_room(tenant, key, size * min(config.replica_num, max(1, len(self.segments))), now)
+        self._make_quota_room(tenant, key, size, config.replica_num, now)
         replicas: list[Replica] = []
         while True:
             used = {r.segment_id for r in replicas}
@@ -418,11 +418,13 @@ class MasterState(Membership, Tiering, Replication):
         self.stats.num_put_starts += 1
         return self._describe(obj)
 
-    def _make_quota_room(self, tenant: str, key: str, need: int, now: float) -> None:
-        """Let ``tenant`` take ``need`` more bytes: within its quota, or by evicting its own LRU
-        objects (as Mooncake does); TenantQuotaExceeded, evicting nothing, when even that is
-        not enough."""
+    def _make_quota_room(self, tenant: str, key: str, size: int, replica_num: int, now: float) -> None:
+        """Let ``tenant`` take ``replica_num`` ranges of ``size`` bytes: within its quota, or by
+        evicting its own LRU objects (as Mooncake does); TenantQuotaExceeded, evicting nothing,
+        when even that is not enough."""
         room = self.tenants.room(tenant)
+        # Replicas are best effort: no more can be placed than there are segments.
+        need = size * min(replica_num, max(1, len(self.segments)))
         if room is None or room >= need:
             return
         victims, freed = [], 0
