@@ -20,7 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 # `mooncake --help` lists them.
 COMMANDS = {
     "up": "cluster", "status": "cluster", "restart": "cluster", "down": "cluster", "sim": "sim",
-    "put": "store", "get": "store", "rm": "store", "exists": "store", "inspect": "inspect",
+    "put": "store", "get": "store", "rm": "store", "exists": "store", "inspect": "inspect", "tenant": "tenant",
     "drain": "drain",
     "generate": "generate", "config": "config", "topo": "topo", "start": "start", "bench": "bench",
 }

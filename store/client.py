@@ -35,6 +35,7 @@ from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, Repli
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import cluster_secret
+from store.tenants import scoped_key
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.from_settings import open_engine
@@ -60,7 +61,7 @@ class StoreClient:
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
                                    self.config.rpc_busy_poll, self.config.store_max_batch_keys,
-                                   cluster_secret(self.config))
+                                   cluster_secret(self.config), self.config.tenant)
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None
@@ -242,7 +243,8 @@ class StoreClient:
             errors = dict(zip((i for i, _ in in_memory), self._move(
                 OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
             for i, replica in attempt:
-                error = errors[i] if i in errors else self.disk.read(lists[i].key, replica, targets[i][0])
+                error = errors[i] if i in errors else self.disk.read(
+                    scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
                 if error is None:
                     error = self._verify(lists[i], targets[i][0], asked)
                 if error is None and i not in errors and lists[i].promote:
@@ -439,6 +441,7 @@ class StoreClient:
         return self.master.batch_remove(keys, force)
 
     def remove_all(self, force: bool = False) -> int:
+        """Remove every object of this client's tenant (leased ones only when forced)."""
         return self.master.remove_all(force)
 
     def get_replicas(self, key: str) -> ReplicaList:

@@ -13,7 +13,7 @@ from transfer.errors import InvalidArgument, MooncakeError, SegmentNotFound
 __all__ = [
     "ChecksumMismatch", "IllegalClient", "InvalidParams", "LeaseExpired", "MooncakeError", "NoAvailableHandle",
     "ObjectAlreadyExists", "ObjectHasLease", "ObjectNotFound", "ReplicaIsNotReady",
-    "SegmentAlreadyExists", "SegmentNotFound", "StoreError",
+    "SegmentAlreadyExists", "SegmentNotFound", "StoreError", "TenantQuotaExceeded",
 ]
 
 
@@ -79,3 +79,10 @@ class ChecksumMismatch(StoreError):
 
     # Mooncake has no such code (it does not checksum objects); -720 is outside its ranges.
     code, name = -720, "CHECKSUM_MISMATCH"
+
+
+class TenantQuotaExceeded(StoreError):
+    """The put would take its tenant past its quota, even after evicting what that tenant may
+    lose; other tenants' objects are never evicted for it."""
+
+    code, name = -1700, "TENANT_QUOTA_EXCEEDED"

@@ -14,13 +14,18 @@ from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, Repor
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
                         replica_list_from_wire, reported_to_wire, segment_to_wire)
 from transfer.auth import ClusterSecret
+from store.tenants import DEFAULT_TENANT, check_tenant
 from transfer.etcd.leader import master_rpc
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0,
-                 max_batch_keys: int | None = None, secret: ClusterSecret | None = None) -> None:
+                 max_batch_keys: int | None = None, secret: ClusterSecret | None = None,
+                 tenant: str = DEFAULT_TENANT) -> None:
         self.address, self.client_id = address, client_id
+        # Sent with every op on keys; the default tenant is what the master assumes when none is.
+        self.tenant = check_tenant(tenant)
+        self._scope = {} if tenant == DEFAULT_TENANT else {"tenant": tenant}
         # The master's store_max_batch_keys: longer batches go as several calls. None: as one.
         self.max_batch_keys = max_batch_keys
         # etcd://... follows the elected master
@@ -32,6 +37,10 @@ class MasterClient:
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         return self.rpc.call(f"store.{op}", args, timeout=timeout)
 
+    def _scoped(self, op: str, **args: Any) -> Any:
+        """An op on this client's tenant's keys."""
+        return self._call(op, **args, **self._scope)
+
     def _batch_call(self, op: str, keys: list[str], per_key: dict[str, list], **args: Any) -> list:
         """A batch op over ``keys`` (and the lists in ``per_key``, item for item) in calls of at
         most ``max_batch_keys`` keys; the per-item wire results, concatenated in order."""
@@ -39,20 +48,20 @@ class MasterClient:
         results: list = []
         for start in range(0, max(1, len(keys)), step):
             chunk = {name: values[start:start + step] for name, values in per_key.items()}
-            results += self._call(op, keys=keys[start:start + step], **chunk, **args)
+            results += self._scoped(op, keys=keys[start:start + step], **chunk, **args)
         return results
 
     # -- writes --------------------------------------------------------------------------------
     def put_start(self, key: str, size: int, config: ReplicateConfig, upsert: bool = False) -> list[ReplicaDescriptor]:
-        wire = self._call("upsert_start" if upsert else "put_start", client_id=self.client_id, key=key,
+        wire = self._scoped("upsert_start" if upsert else "put_start", client_id=self.client_id, key=key,
                           size=size, config=config_to_wire(config))
         return [descriptor_from_wire(r) for r in wire]
 
     def put_end(self, key: str, checksum: int | None) -> None:
-        self._call("put_end", client_id=self.client_id, key=key, checksum=checksum)
+        self._scoped("put_end", client_id=self.client_id, key=key, checksum=checksum)
 
     def put_revoke(self, key: str) -> None:
-        self._call("put_revoke", client_id=self.client_id, key=key)
+        self._scoped("put_revoke", client_id=self.client_id, key=key)
 
     def batch_put_start(self, keys: list[str], sizes: list[int], config: ReplicateConfig,
                         upsert: bool = False) -> list:
@@ -69,28 +78,32 @@ class MasterClient:
 
     # -- reads and removal ---------------------------------------------------------------------
     def get_replica_list(self, key: str) -> ReplicaList:
-        return replica_list_from_wire(self._call("get_replica_list", key=key))
+        return replica_list_from_wire(self._scoped("get_replica_list", key=key))
 
     def batch_get_replica_list(self, keys: list[str]) -> list:
         return batch_from_wire(self._batch_call("batch_get_replica_list", keys, {}), replica_list_from_wire)
 
     def exists(self, key: str) -> bool:
-        return bool(self._call("exists", key=key))
+        return bool(self._scoped("exists", key=key))
 
     def batch_exists(self, keys: list[str]) -> list[bool]:
         return [bool(v) for v in self._batch_call("batch_exists", keys, {})]
 
     def remove(self, key: str, force: bool = False) -> None:
-        self._call("remove", key=key, force=force)
+        self._scoped("remove", key=key, force=force)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list:
         return batch_from_wire(self._batch_call("batch_remove", keys, {}, force=force))
 
     def remove_all(self, force: bool = False) -> int:
-        return int(self._call("remove_all", force=force))
+        return int(self._scoped("remove_all", force=force))
 
     def inspect(self, what: str = "counters", key: str | None = None) -> Any:
-        return self._call("inspect", what=what, **({"key": key} if key is not None else {}))
+        return self._scoped("inspect", what=what, **({"key": key} if key is not None else {}))
+
+    def set_tenant_quota(self, tenant: str, quota: int) -> dict:
+        """Set ``tenant``'s quota in bytes (0: unlimited); its row as ``inspect tenants`` shows it."""
+        return self._call("set_tenant_quota", tenant=tenant, quota=quota)
 
     # -- KV events (store.events) ----------------------------------------------------------------
     def kv_events(self) -> dict:
@@ -107,27 +120,27 @@ class MasterClient:
                    address=address, checksum=checksum)
 
     def promote_start(self, key: str, host: str) -> ReplicaDescriptor:
-        return descriptor_from_wire(self._call("promote_start", client_id=self.client_id, key=key, host=host))
+        return descriptor_from_wire(self._scoped("promote_start", client_id=self.client_id, key=key, host=host))
 
     def promote_end(self, key: str) -> None:
-        self._call("promote_end", client_id=self.client_id, key=key)
+        self._scoped("promote_end", client_id=self.client_id, key=key)
 
     def promote_revoke(self, key: str) -> None:
-        self._call("promote_revoke", client_id=self.client_id, key=key)
+        self._scoped("promote_revoke", client_id=self.client_id, key=key)
 
     # -- replica copies (store.replication) ---------------------------------------------------
     def copy_start(self, key: str, segment_ids: list[str]) -> tuple[list[ReplicaDescriptor],
                                                                     list[ReplicaDescriptor], int | None]:
         """(sources to read, new replicas to write, the object's checksum)."""
-        wire = self._call("copy_start", client_id=self.client_id, key=key, segment_ids=segment_ids)
+        wire = self._scoped("copy_start", client_id=self.client_id, key=key, segment_ids=segment_ids)
         return ([descriptor_from_wire(r) for r in wire["sources"]],
                 [descriptor_from_wire(r) for r in wire["targets"]], optional_int(wire.get("checksum"), "checksum"))
 
     def copy_end(self, key: str, drop_segment: str = "") -> None:
-        self._call("copy_end", client_id=self.client_id, key=key, drop_segment=drop_segment)
+        self._scoped("copy_end", client_id=self.client_id, key=key, drop_segment=drop_segment)
 
     def copy_revoke(self, key: str) -> None:
-        self._call("copy_revoke", client_id=self.client_id, key=key)
+        self._scoped("copy_revoke", client_id=self.client_id, key=key)
 
     # -- segments and liveness (the segment owner's side) --------------------------------------
     def mount_segment(self, segment: Segment) -> None:

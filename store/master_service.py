@@ -1,6 +1,9 @@
 """The store half of the master daemon: MasterState behind RPC ops, one lock, the daemon's clock.
 
-Ops (args -> result; errors are the typed store errors):
+Ops (args -> result; errors are the typed store errors). Every op that names keys also takes
+``tenant`` (absent: ``default``), which scopes them (:mod:`store.tenants`): ``key`` below is
+the client's key in its tenant's namespace. The owner-side ops (add_disk_replica, remount, ping)
+carry the master's scoped keys as the journal handed them out.
 
     store.put_start / store.upsert_start    {client_id, key, size, config}   -> [replica]
     store.put_end                           {client_id, key, checksum?}      -> nil
@@ -13,7 +16,7 @@ Ops (args -> result; errors are the typed store errors):
     store.exists / store.batch_exists       {key} / {keys}                   -> bool / [bool]
     store.remove                            {key, force?}                    -> nil
     store.batch_remove                      {keys, force?}                   -> [item]
-    store.remove_all                        {force?}                         -> int
+    store.remove_all                        {force?}                         -> int (the tenant's)
     store.mount_segment                     {client_id, segment}             -> nil
     store.unmount_segment                   {client_id, segment_id}          -> [lost keys]
     store.add_disk_replica                  {client_id, key, segment_id, address, checksum} -> nil
@@ -32,7 +35,8 @@ Ops (args -> result; errors are the typed store errors):
                                             -> {accepted, rejected, disk_rejected}
     store.ping                              {client_id, acks: {segment: seq}}
                                             -> {status, changes, unmount: [drained segment ids]}
-    store.inspect                           {what: counters|segments|objects|clients|key, key?}
+    store.inspect                           {what: counters|segments|objects|clients|key|tenants, key?}
+    store.set_tenant_quota                  {tenant, quota}                  -> tenant row
     store.kv_events                         {}  -> {address, replay_address, epoch, sequence}
     store.kv_snapshot                       {}  -> {address, replay_address, epoch, sequence,
                                                     blocks: [[key, segment_id]]}
@@ -70,6 +74,7 @@ from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
 from store.objects import ClientStatus
 from store.policy import StorePolicy
+from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
@@ -147,33 +152,33 @@ class StoreService:
         s = self.state
         return {
             "put_start": lambda a, now: s.put_start(
-                str_arg(a, "client_id"), str_arg(a, "key"), int_arg(a, "size"), now,
+                str_arg(a, "client_id"), self._key(a), int_arg(a, "size"), now,
                 config_from_wire(a.get("config", {}))),
             "upsert_start": lambda a, now: s.upsert_start(
-                str_arg(a, "client_id"), str_arg(a, "key"), int_arg(a, "size"), now,
+                str_arg(a, "client_id"), self._key(a), int_arg(a, "size"), now,
                 config_from_wire(a.get("config", {}))),
-            "put_end": lambda a, now: s.put_end(str_arg(a, "client_id"), str_arg(a, "key"), now,
+            "put_end": lambda a, now: s.put_end(str_arg(a, "client_id"), self._key(a), now,
                                                 a.get("checksum") if isinstance(a.get("checksum"), int) else None),
-            "put_revoke": lambda a, now: s.put_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
+            "put_revoke": lambda a, now: s.put_revoke(str_arg(a, "client_id"), self._key(a), now),
             "batch_put_start": lambda a, now: batch_to_wire(s.batch_put_start(
-                str_arg(a, "client_id"), self._batch_keys(a), int_list_arg(a, "sizes"), now,
+                str_arg(a, "client_id"), self._keys(a), int_list_arg(a, "sizes"), now,
                 config_from_wire(a.get("config", {})))),
             "batch_upsert_start": lambda a, now: batch_to_wire(s.batch_upsert_start(
-                str_arg(a, "client_id"), self._batch_keys(a), int_list_arg(a, "sizes"), now,
+                str_arg(a, "client_id"), self._keys(a), int_list_arg(a, "sizes"), now,
                 config_from_wire(a.get("config", {})))),
             "batch_put_end": lambda a, now: batch_to_wire(s.batch_put_end(
-                str_arg(a, "client_id"), self._batch_keys(a), now, _checksums(a))),
+                str_arg(a, "client_id"), self._keys(a), now, _checksums(a))),
             "batch_put_revoke": lambda a, now: batch_to_wire(s.batch_put_revoke(
-                str_arg(a, "client_id"), self._batch_keys(a), now)),
-            "get_replica_list": lambda a, now: replica_list_to_wire(s.get_replica_list(str_arg(a, "key"), now)),
+                str_arg(a, "client_id"), self._keys(a), now)),
+            "get_replica_list": lambda a, now: replica_list_to_wire(s.get_replica_list(self._key(a), now)),
             "batch_get_replica_list": lambda a, now: batch_to_wire(
-                s.batch_get_replica_list(self._batch_keys(a), now), replica_list_to_wire),
-            "exists": lambda a, now: s.exists(str_arg(a, "key")),
-            "batch_exists": lambda a, now: s.batch_exists(self._batch_keys(a)),
-            "remove": lambda a, now: s.remove(str_arg(a, "key"), now, bool_arg(a, "force")),
+                s.batch_get_replica_list(self._keys(a), now), replica_list_to_wire),
+            "exists": lambda a, now: s.exists(self._key(a)),
+            "batch_exists": lambda a, now: s.batch_exists(self._keys(a)),
+            "remove": lambda a, now: s.remove(self._key(a), now, bool_arg(a, "force")),
             "batch_remove": lambda a, now: batch_to_wire(
-                s.batch_remove(self._batch_keys(a), now, bool_arg(a, "force"))),
-            "remove_all": lambda a, now: s.remove_all(now, bool_arg(a, "force")),
+                s.batch_remove(self._keys(a), now, bool_arg(a, "force"))),
+            "remove_all": lambda a, now: s.remove_all(now, bool_arg(a, "force"), _tenant(a)),
             "mount_segment": lambda a, now: s.mount_segment(
                 str_arg(a, "client_id"), segment_from_wire(a.get("segment")), now),
             "unmount_segment": lambda a, now: s.unmount_segment(
@@ -182,17 +187,18 @@ class StoreService:
                 str_arg(a, "client_id"), str_arg(a, "key"), str_arg(a, "segment_id"),
                 int_arg(a, "address"), int_arg(a, "checksum"), now),
             "promote_start": lambda a, now: s.promote_start(
-                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "host", "")),
-            "promote_end": lambda a, now: s.promote_end(str_arg(a, "client_id"), str_arg(a, "key"), now),
-            "promote_revoke": lambda a, now: s.promote_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
+                str_arg(a, "client_id"), self._key(a), now, str_arg(a, "host", "")),
+            "promote_end": lambda a, now: s.promote_end(str_arg(a, "client_id"), self._key(a), now),
+            "promote_revoke": lambda a, now: s.promote_revoke(str_arg(a, "client_id"), self._key(a), now),
             "copy_start": lambda a, now: s.copy_start(
-                str_arg(a, "client_id"), str_arg(a, "key"), str_list_arg(a, "segment_ids"), now),
+                str_arg(a, "client_id"), self._key(a), str_list_arg(a, "segment_ids"), now),
             "copy_end": lambda a, now: s.copy_end(
-                str_arg(a, "client_id"), str_arg(a, "key"), now, str_arg(a, "drop_segment", "")),
-            "copy_revoke": lambda a, now: s.copy_revoke(str_arg(a, "client_id"), str_arg(a, "key"), now),
+                str_arg(a, "client_id"), self._key(a), now, str_arg(a, "drop_segment", "")),
+            "copy_revoke": lambda a, now: s.copy_revoke(str_arg(a, "client_id"), self._key(a), now),
             "remount": self._remount,
             "ping": self._ping,
             "inspect": self._inspect,
+            "set_tenant_quota": lambda a, now: self._set_tenant_quota(a),
             "kv_events": self._kv_events,
             **self._drain_ops(),
         }
@@ -220,6 +226,14 @@ class StoreService:
         if len(skip) > self.max_batch_keys:
             raise InvalidParams(f"a skip list of {len(skip)} keys exceeds store_max_batch_keys ({self.max_batch_keys})")
         return skip
+
+    def _key(self, args: dict) -> str:
+        """The request's key, scoped by its tenant (store.tenants)."""
+        return scoped_key(_tenant(args), str_arg(args, "key"))
+
+    def _keys(self, args: dict) -> list[str]:
+        tenant = _tenant(args)
+        return [scoped_key(tenant, key) for key in self._batch_keys(args)]
 
     def _batch_keys(self, args: dict) -> list[str]:
         """A batch op's keys, refused beyond ``store_max_batch_keys``: the ops run under the store
@@ -269,12 +283,26 @@ class StoreService:
         if what == "segments":
             return views.segments_view(self.state)
         if what == "objects":
-            return views.objects_view(self.state, now)
+            return views.objects_view(self.state, now, _tenant(args))
         if what == "clients":
             return views.clients_view(self.state, now)
         if what == "key":
-            return views.object_view(self.state, str_arg(args, "key"), now)
-        raise InvalidParams(f"inspect what={what!r}: expected counters, segments, objects, clients or key")
+            return views.object_view(self.state, self._key(args), now)
+        if what == "tenants":
+            return views.tenants_view(self.state)
+        raise InvalidParams(f"inspect what={what!r}: expected counters, segments, objects, clients, key "
+                            "or tenants")
+
+    def _set_tenant_quota(self, args: dict) -> dict:
+        tenant = check_tenant(str_arg(args, "tenant"))
+        self.state.tenants.set_quota(tenant, int_arg(args, "quota"))
+        log.info("tenant %s: quota set to %d bytes", tenant, self.state.tenants.quota(tenant))
+        return views.tenant_row(self.state, tenant)
+
+
+def _tenant(args: dict) -> str:
+    """The tenant a request acts for; none named: the default one (clients that predate tenants)."""
+    return check_tenant(str_arg(args, "tenant", DEFAULT_TENANT))
 
 
 def _checksums(args: dict) -> list[int | None] | None:

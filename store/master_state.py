@@ -11,6 +11,11 @@ Lifecycle of an object::
                       │                      │
                       └──put_revoke──► gone  └──upsert_start──► PROCESSING (same ranges if same size)
 
+Keys here are scoped keys (:mod:`store.tenants`): the service scopes a client's key by its
+tenant, so two tenants' objects never meet, and each tenant's memory is counted in ``tenants``
+and bounded by its quota. Eviction to make room for a put takes only the putting tenant's
+objects; background eviction is shared fairly (see :meth:`MasterState.evict`).
+
 Errors are the typed ones of :mod:`store.errors`; batch forms return, per item, either the result
 or the error instance (never raise for one bad item).
 
@@ -26,7 +31,8 @@ from collections import OrderedDict
 from store.drain.state import Drain, Draining
 from store.events.recorder import EventLog
 from store.errors import (IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle,
-                          ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady)
+                          ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady,
+                          TenantQuotaExceeded)
 from store.eviction import eviction_candidates
 from store.membership import Membership
 from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, ReplicaList,
@@ -36,6 +42,7 @@ from store.policy import StorePolicy
 from store.replication import Replication
 from store.segment_journal import SegmentJournal
 from store.stats import MasterStats
+from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, shown, split_key, tenant_of
 from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 
 DEFAULT_CONFIG = ReplicateConfig()
@@ -51,9 +58,10 @@ class MasterState(Membership, Tiering, Replication, Draining):
         # Complete objects, least recently used first: the eviction order.
         self.lru: OrderedDict[str, None] = OrderedDict()
         self._rng = random.Random(seed)
-        # Set when a put had to evict: the next evict() makes headroom even below the watermark,
-        # so the following puts do not each pay for eviction.
-        self._need_eviction = False
+        # Tenants whose put had to evict: the next evict() makes headroom even below the
+        # watermark, from their objects only, so their following puts do not each pay for it.
+        self._evicting_for: set[str] = set()
+        self.tenants = TenantLedger(parse_quotas(policy.tenant_quotas), policy.default_tenant_quota)
         # Per segment, the changes its owner has not seen yet (it re-reports them after a restart).
         self.journal = SegmentJournal()
         # offload_policy "evicted": eviction victims handed to their segment's owner to copy to
@@ -100,7 +108,7 @@ class MasterState(Membership, Tiering, Replication, Draining):
             self._preempt_or_refuse(existing, now)
             return self._allocate(client_id, key, size, now, config, self._placement(client_id, config))
         if existing.leased(now):
-            raise ObjectHasLease(f"{key!r} is being read; it cannot be overwritten yet")
+            raise ObjectHasLease(f"{shown(key)} is being read; it cannot be overwritten yet")
         if existing.size != size or not all(r.in_memory for r in existing.replicas) \
                 or any(r.segment_id in self.drains for r in existing.replicas):
             # A disk copy would be stale, and a draining segment takes no new bytes: overwrite
@@ -145,7 +153,7 @@ class MasterState(Membership, Tiering, Replication, Draining):
         self._touch(client_id, now)
         obj = self._owned(client_id, key)
         if obj.complete:
-            raise InvalidParams(f"{key!r} is complete; remove it instead of revoking")
+            raise InvalidParams(f"{shown(key)} is complete; remove it instead of revoking")
         self._drop(obj)
         self.stats.num_put_revokes += 1
 
@@ -186,9 +194,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
         it runs out the object is neither removed (unless forced), overwritten nor evicted."""
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
-            raise ReplicaIsNotReady(f"{key!r} is still being written")
+            raise ReplicaIsNotReady(f"{shown(key)} is still being written")
         obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
         obj.last_access = now
         if key in self.lru:
@@ -199,7 +207,8 @@ class MasterState(Membership, Tiering, Replication, Draining):
             obj.disk_reads += 1
         self.stats.num_leases_granted += 1
         promote = obj.promoting is None and obj.disk_reads >= PROMOTE_AFTER_DISK_READS
-        return ReplicaList(key, obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum, promote)
+        return ReplicaList(split_key(key)[1], obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum,
+                           promote)
 
     def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
         return [_attempt(self.get_replica_list, k, now) for k in keys]
@@ -217,21 +226,23 @@ class MasterState(Membership, Tiering, Replication, Draining):
     def remove(self, key: str, now: float, force: bool = False) -> None:
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
-            raise ReplicaIsNotReady(f"{key!r} is still being written; revoke it instead")
+            raise ReplicaIsNotReady(f"{shown(key)} is still being written; revoke it instead")
         if obj.leased(now) and not force:
-            raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
+            raise ObjectHasLease(f"{shown(key)} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
         self._drop(obj)
         self.stats.num_removed += 1
 
     def batch_remove(self, keys: list[str], now: float, force: bool = False) -> list[None | MooncakeError]:
         return [_attempt(self.remove, k, now, force) for k in keys]
 
-    def remove_all(self, now: float, force: bool = False) -> int:
-        """Remove every complete object with no lease (every complete one when forced). When no
-        complete memory replica is left, one AllBlocksCleared event replaces the removals."""
-        doomed = [o for o in self.objects.values() if o.complete and (force or not o.leased(now))]
+    def remove_all(self, now: float, force: bool = False, tenant: str = DEFAULT_TENANT) -> int:
+        """Remove every complete object of ``tenant`` with no lease (every complete one when
+        forced). When no complete memory replica is left (of any tenant), one AllBlocksCleared
+        event replaces the removals."""
+        doomed = [o for o in self.objects.values()
+                  if o.complete and (force or not o.leased(now)) and tenant_of(o.key) == tenant]
         mark = self.kv_events.mark()
         for obj in doomed:
             self._drop(obj)
@@ -241,33 +252,77 @@ class MasterState(Membership, Tiering, Replication, Draining):
         return len(doomed)
 
     def evict(self, now: float) -> list[str]:
-        """Background eviction: when usage is above ``high_watermark`` (or a put recently had to
-        evict), evict LRU objects until usage is ``eviction_ratio`` below min(usage, watermark).
-        Returns the evicted keys in eviction order.
+        """Background eviction; returns the evicted keys in eviction order.
+
+        First, a tenant holding more than its quota (it was lowered at run time) loses its LRU
+        objects until it is within it. Then, when usage is above ``high_watermark``, objects are
+        evicted until usage is ``eviction_ratio`` below min(usage, watermark), every tenant giving
+        in proportion to the memory it holds (see :meth:`_fair_victims`). Below the watermark, a
+        tenant whose put recently had to evict makes that headroom from its own objects.
 
         With offload_policy "evicted", a victim its segment's owner can copy to disk is handed to
         that owner instead (see :meth:`_hand_over`) and freed when the copy is reported; one not
         reported within ``client_ttl`` is freed here without it (the owner is as good as dead)."""
         expired = [self.objects[k] for k, deadline in self.offload_pending.items() if deadline <= now]
         self.stats.num_offload_timeouts += len(expired)
-        evicted = self._evict(expired)
+        evicted = self._evict(expired) + self._evict_over_quota(now)
         capacity, used = self.capacity, self.used_bytes
         if capacity == 0:
             return evicted
         watermark = self.policy.high_watermark * capacity
-        if used <= watermark and not self._need_eviction:
+        if used <= watermark and not self._evicting_for:
             return evicted
-        self._need_eviction = False
+        tenants = None if used > watermark else self._evicting_for
+        self._evicting_for = set()
         target = min(used, watermark) - self.policy.eviction_ratio * capacity
-        victims, freed = [], 0
-        for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
-            if used - freed <= target:
-                break
-            # A pending victim counts as freed: its bytes are on their way out already.
-            freed += sum(self._block_bytes(r) for r in obj.replicas if r.in_memory)
-            if obj.key not in self.offload_pending and not self._hand_over(obj, now):
-                victims.append(obj)
+        victims = [obj for obj in self._fair_victims(used - target, now, tenants)
+                   if obj.key not in self.offload_pending and not self._hand_over(obj, now)]
         return evicted + self._evict(victims)
+
+    def _fair_victims(self, need: float, now: float, tenants: set[str] | None) -> list[ObjectMeta]:
+        """Evictable objects holding ``need`` bytes of memory, from ``tenants`` (None: all).
+
+        Each tenant's share of ``need`` is in proportion to the memory it holds, taken from its
+        own objects in eviction order (unpinned LRU first, soft-pinned last); what a tenant
+        cannot give (its objects are leased or pinned) is then taken from the others in plain
+        eviction order. A pending hand-over counts as freed: its bytes are on their way out.
+        With one tenant this is plain LRU eviction."""
+        held = {t: n for t, n in self.tenants.used.items() if tenants is None or t in tenants}
+        total = sum(held.values())
+        share = {t: need * n / total for t, n in held.items()} if total else {}
+        given = dict.fromkeys(held, 0)
+        chosen: dict[str, ObjectMeta] = {}
+        freed = 0
+        for fair in (True, False):
+            for obj in self._candidates(now, tenants):
+                if freed >= need:
+                    return list(chosen.values())
+                tenant = tenant_of(obj.key)
+                if obj.key in chosen or (fair and given.get(tenant, 0) >= share.get(tenant, 0)):
+                    continue
+                memory = sum(self._block_bytes(r) for r in obj.replicas if r.in_memory)
+                chosen[obj.key] = obj
+                given[tenant] = given.get(tenant, 0) + memory
+                freed += memory
+        return list(chosen.values())
+
+    def _evict_over_quota(self, now: float) -> list[str]:
+        """Evict LRU objects of each tenant holding more than its quota until it is within it."""
+        victims = []
+        for tenant in [t for t in self.tenants.used if self.tenants.excess(t)]:
+            excess, freed = self.tenants.excess(tenant), 0
+            for obj in self._candidates(now, {tenant}):
+                if freed >= excess:
+                    break
+                victims.append(obj)
+                freed += obj.size * sum(r.in_memory for r in obj.replicas)
+        self.stats.num_quota_evictions += len(victims)
+        return self._evict(victims)
+
+    def _candidates(self, now: float, tenants: set[str] | None = None):
+        """Evictable objects in eviction order (store.eviction), of ``tenants`` only unless None."""
+        found = eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned)
+        return found if tenants is None else (obj for obj in found if tenant_of(obj.key) in tenants)
 
     # == totals ===============================================================================
     @property
@@ -280,9 +335,10 @@ class MasterState(Membership, Tiering, Replication, Draining):
 
     # == helpers ==============================================================================
     def _check_key(self, key: str) -> None:
-        if not isinstance(key, str) or not key:
+        local = split_key(key)[1] if isinstance(key, str) else ""
+        if not local:
             raise InvalidParams("key must be a non-empty string")
-        if len(key.encode()) > self.policy.max_key_length:
+        if len(local.encode()) > self.policy.max_key_length:
             raise InvalidParams(f"key is longer than {self.policy.max_key_length} bytes")
 
     @staticmethod
@@ -311,9 +367,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
     def _owned(self, client_id: str, key: str) -> ObjectMeta:
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r} (revoked, preempted or never started)")
+            raise ObjectNotFound(f"no object {shown(key)} (revoked, preempted or never started)")
         if obj.owner != client_id:
-            raise IllegalClient(f"{key!r} was started by another client")
+            raise IllegalClient(f"{shown(key)} was started by another client")
         return obj
 
     def _preempt_or_refuse(self, existing: ObjectMeta, now: float) -> None:
@@ -321,7 +377,7 @@ class MasterState(Membership, Tiering, Replication, Draining):
         an older put is presumed abandoned and is revoked so the new one can proceed."""
         age = now - existing.put_start_time
         if existing.complete or age < self.policy.put_start_discard_timeout:
-            raise ObjectAlreadyExists(f"{existing.key!r} already exists")
+            raise ObjectAlreadyExists(f"{shown(existing.key)} already exists")
         self._drop(existing)
         self.stats.num_preempted += 1
 
@@ -343,6 +399,8 @@ class MasterState(Membership, Tiering, Replication, Draining):
 
     def _allocate(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
                   order: list[SegmentState]) -> list[ReplicaDescriptor]:
+        tenant = tenant_of(key)
+        self._make_quota_room(tenant, key, size, config.replica_num, now)
         replicas: list[Replica] = []
         while True:
             used = {r.segment_id for r in replicas}
@@ -350,42 +408,65 @@ class MasterState(Membership, Tiering, Replication, Draining):
                 if len(replicas) == config.replica_num:
                     break
                 if segment.segment_id not in used and segment.allocator.can_allocate(size):
-                    replicas.append(Replica(segment.segment_id, segment.allocator.allocate(size)))
+                    replicas.append(Replica(segment.segment_id, self._take_range(segment, key, size)))
                     used.add(segment.segment_id)
-            # A full pool of evictable objects must never fail a put: evict synchronously.
-            if len(replicas) == config.replica_num or not self._evict_for(size, used, now):
+            # A full pool of the tenant's evictable objects must never fail its put: evict
+            # synchronously (never another tenant's objects).
+            if len(replicas) == config.replica_num or not self._evict_for(size, used, now, tenant):
                 break
-            self._need_eviction = True
+            self._evicting_for.add(tenant)
         if not replicas:
             self.stats.num_allocation_failures += 1
-            raise NoAvailableHandle(f"no segment can hold {size} bytes for {key!r}")
+            raise NoAvailableHandle(f"no segment can hold {size} bytes for {shown(key)}")
         if len(replicas) < config.replica_num:
             self.stats.num_partial_allocations += 1
         obj = self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
         self.stats.num_put_starts += 1
         return self._describe(obj)
 
-    def _evict_for(self, size: int, excluded: set[str], now: float) -> bool:
-        """Evict LRU objects holding space on segments that could take one more replica, until one
-        of them has enough free bytes. False when nothing there is evictable."""
+    def _make_quota_room(self, tenant: str, key: str, size: int, replica_num: int, now: float) -> None:
+        """Let ``tenant`` take ``replica_num`` ranges of ``size`` bytes: within its quota, or by
+        evicting its own LRU objects (as Mooncake does); TenantQuotaExceeded, evicting nothing,
+        when even that is not enough."""
+        room = self.tenants.room(tenant)
+        # Replicas are best effort: no more can be placed than there are segments.
+        need = size * min(replica_num, max(1, len(self.segments)))
+        if room is None or room >= need:
+            return
+        victims, freed = [], 0
+        for obj in self._candidates(now, {tenant}):
+            victims.append(obj)
+            freed += obj.size * sum(r.in_memory for r in obj.replicas)
+            if room + freed >= need:
+                self.stats.num_quota_evictions += len(victims)
+                self._evict(victims)
+                return
+        self.stats.num_quota_rejections += 1
+        raise TenantQuotaExceeded(
+            f"tenant {tenant!r} holds {self.tenants.used.get(tenant, 0)} of its {self.tenants.quota(tenant)} "
+            f"bytes; {shown(key)} needs {need} and evicting its objects frees only {freed}")
+
+    def _evict_for(self, size: int, excluded: set[str], now: float, tenant: str) -> bool:
+        """Evict LRU objects of ``tenant`` holding space on segments that could take one more
+        replica, until one of them has enough free bytes. False when nothing there is evictable."""
         eligible = {s.segment_id: s for s in self._open_segments()
                     if s.segment_id not in excluded and s.allocator.block_size(size) <= s.allocator.capacity}
         # First spare what an owner could copy to disk; if that frees too little, evict those
         # too, without a copy: a put never waits on an owner.
         for spare in (True, False):
-            victims, enough = self._victims_for(size, eligible, now, spare)
+            victims, enough = self._victims_for(size, eligible, now, spare, tenant)
             if enough:
                 break
         self._evict(victims)
         return bool(victims)
 
     def _victims_for(self, size: int, eligible: dict[str, SegmentState], now: float,
-                     spare_offloadable: bool) -> tuple[list[ObjectMeta], bool]:
-        """LRU victims on ``eligible`` segments until one of them would fit ``size``; and whether
-        one would."""
+                     spare_offloadable: bool, tenant: str) -> tuple[list[ObjectMeta], bool]:
+        """LRU victims of ``tenant`` on ``eligible`` segments until one of them would fit
+        ``size``; and whether one would."""
         freed = dict.fromkeys(eligible, 0)
         victims = []
-        for obj in eviction_candidates(self.lru, self.objects, now, self.policy.allow_evict_soft_pinned):
+        for obj in self._candidates(now, {tenant}):
             hits = [r for r in obj.replicas if r.in_memory and r.segment_id in eligible]
             if not hits or (spare_offloadable and self._offload_source(obj) is not None):
                 continue
@@ -425,7 +506,7 @@ class MasterState(Membership, Tiering, Replication, Draining):
                 self._drop(obj)
                 continue
             for replica in [r for r in obj.replicas if r.in_memory]:
-                self._free(obj.key, replica)
+                self._free(obj, replica)
             obj.replicas = [r for r in obj.replicas if not r.in_memory]
             obj.disk_reads = 0
             self.lru.pop(obj.key, None)
@@ -437,19 +518,31 @@ class MasterState(Membership, Tiering, Replication, Draining):
     def _drop(self, obj: ObjectMeta) -> None:
         self._abandon_copy(obj)
         for replica in obj.replicas + ([obj.promoting] if obj.promoting else []):
-            self._free(obj.key, replica)
+            self._free(obj, replica)
         del self.objects[obj.key]
         self.lru.pop(obj.key, None)
         self.offload_pending.pop(obj.key, None)
 
-    def _free(self, key: str, replica: Replica) -> None:
+    def _free(self, obj: ObjectMeta, replica: Replica) -> None:
+        key = obj.key
         if replica.in_memory:
-            self.segments[replica.segment_id].allocator.free(replica.address)
+            self._return_range(key, replica, obj.size)
             self.journal.gone(replica.segment_id, key, replica.address)
             if replica.status is ReplicaStatus.COMPLETE:  # readers knew of it
                 self.kv_events.removed(key, replica.segment_id)
         else:
             self.journal.disk_gone(replica.segment_id, key)
+
+    def _take_range(self, segment: SegmentState, key: str, size: int) -> int:
+        """A range of ``size`` bytes on ``segment`` for ``key``, charged to its tenant."""
+        address = segment.allocator.allocate(size)
+        self.tenants.charge(tenant_of(key), size)
+        return address
+
+    def _return_range(self, key: str, replica: Replica, size: int) -> None:
+        """Free the memory range ``replica`` of ``key`` (``size`` bytes), uncharged from its tenant."""
+        self.segments[replica.segment_id].allocator.free(replica.address)
+        self.tenants.release(tenant_of(key), size)
 
     def _block_bytes(self, replica: Replica) -> int:
         return self.segments[replica.segment_id].allocator.allocated_size(replica.address)

@@ -19,6 +19,7 @@ from store.allocator import RangeAllocator
 from store.errors import IllegalClient, InvalidParams, SegmentAlreadyExists, SegmentNotFound
 from store.objects import (ClientState, ClientStatus, ObjectMeta, Replica, ReplicaStatus,
                            ReportedObject, Segment, SegmentState)
+from store.tenants import tenant_of
 
 
 class Membership:
@@ -153,6 +154,7 @@ class Membership:
             self.segments[report.segment_id].allocator.reserve(report.address, report.size)
         except InvalidParams:
             return False
+        self.tenants.charge(tenant_of(report.key), report.size)
         replica = Replica(report.segment_id, report.address, ReplicaStatus.COMPLETE)
         if obj is None:
             obj = self.objects[report.key] = ObjectMeta(
@@ -171,8 +173,18 @@ class Membership:
         for obj in [o for o in self.objects.values() if any(r.segment_id == segment.segment_id for r in o.replicas)]:
             if obj.complete and any(r.in_memory and r.segment_id == segment.segment_id for r in obj.replicas):
                 self.kv_events.removed(obj.key, segment.segment_id)
+            held_here = sum(r.in_memory and r.segment_id == segment.segment_id for r in obj.replicas)
+            self.tenants.release(tenant_of(obj.key), obj.size * held_here)  # the ranges go with the segment
             obj.replicas = [r for r in obj.replicas if r.segment_id != segment.segment_id]
             if not obj.replicas:
+                # Ranges it held elsewhere (a promotion, a copy's targets) are freed with it.
+                self._abandon_copy(obj)
+                if obj.promoting is not None:
+                    if obj.promoting.segment_id == segment.segment_id:
+                        self.tenants.release(tenant_of(obj.key), obj.size)
+                    else:
+                        self._return_range(obj.key, obj.promoting, obj.size)
+                    obj.promoting = None
                 del self.objects[obj.key]
                 self.lru.pop(obj.key, None)
                 self.offload_pending.pop(obj.key, None)
@@ -181,6 +193,7 @@ class Membership:
                 self.lru.pop(obj.key, None)  # left only on disk elsewhere: nothing to evict
         for obj in self.objects.values():
             if obj.promoting is not None and obj.promoting.segment_id == segment.segment_id:
+                self.tenants.release(tenant_of(obj.key), obj.size)
                 obj.promoting = None
             if any(r.segment_id == segment.segment_id for r in obj.copying):
                 self._abandon_copy(obj)  # a copy that cannot complete: free its other targets

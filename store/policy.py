@@ -11,6 +11,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from store.errors import InvalidParams
+from store.tenants import parse_quotas
 
 ALLOCATION_STRATEGIES = ("random", "free_ratio_first", "local_first")
 OFFLOAD_POLICIES = ("evicted", "all")
@@ -30,6 +31,8 @@ class StorePolicy:
     alignment: int = 64
     max_key_length: int = 4096  # bytes of UTF-8; a 1 MiB key is a mistake, not a key
     offload_policy: str = "evicted"
+    tenant_quotas: str = ""  # "name=size,...": see store.tenants
+    default_tenant_quota: int = 0  # bytes; 0: unlimited
 
     def __post_init__(self) -> None:
         if self.allocation_strategy not in ALLOCATION_STRATEGIES:
@@ -42,6 +45,9 @@ class StorePolicy:
             raise InvalidParams("durations must be >= 0")
         if self.max_soft_pin_ttl < self.soft_pin_ttl:
             raise InvalidParams("max_soft_pin_ttl must be >= soft_pin_ttl")
+        parse_quotas(self.tenant_quotas)  # refused at start, not at the first put
+        if self.default_tenant_quota < 0:
+            raise InvalidParams("default_tenant_quota must be >= 0 (0: unlimited)")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any) -> StorePolicy:

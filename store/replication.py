@@ -25,6 +25,7 @@ from __future__ import annotations
 from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, ObjectHasLease,
                           ObjectNotFound)
 from store.objects import ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus
+from store.tenants import shown
 
 
 class Replication:
@@ -42,19 +43,19 @@ class Replication:
         if draining:
             raise InvalidParams(f"target segments {draining} are being drained")
         if obj.copying_owner:
-            raise InvalidParams(f"{key!r} is being copied already")
+            raise InvalidParams(f"{shown(key)} is being copied already")
         sources = [r for r in obj.replicas if r.in_memory]
         if not sources:
-            raise InvalidParams(f"{key!r} has no memory replica to copy from")
+            raise InvalidParams(f"{shown(key)} has no memory replica to copy from")
         held = {r.segment_id for r in obj.replicas}
         targets = []
         for segment_id in dict.fromkeys(s for s in segment_ids if s not in held):
-            allocator = self.segments[segment_id].allocator
-            if not allocator.can_allocate(obj.size):
+            segment = self.segments[segment_id]
+            if not segment.allocator.can_allocate(obj.size):
                 for replica in targets:
-                    self.segments[replica.segment_id].allocator.free(replica.address)
-                raise NoAvailableHandle(f"segment {segment_id!r} has no {obj.size} free bytes for {key!r}")
-            targets.append(Replica(segment_id, allocator.allocate(obj.size)))
+                    self._return_range(key, replica, obj.size)
+                raise NoAvailableHandle(f"segment {segment_id!r} has no {obj.size} free bytes for {shown(key)}")
+            targets.append(Replica(segment_id, self._take_range(segment, key, obj.size)))
         obj.copying, obj.copying_owner = targets, client_id
         obj.copy_sources = [(r.segment_id, r.address) for r in sources]
         return {"sources": self._descriptors(sources, obj.size), "targets": self._descriptors(targets, obj.size),
@@ -66,11 +67,11 @@ class Replication:
         present = {(r.segment_id, r.address) for r in obj.replicas}
         if not all(source in present for source in obj.copy_sources):
             self._abandon_copy(obj)
-            raise ObjectNotFound(f"a replica {key!r} was copied from went during the copy")
+            raise ObjectNotFound(f"a replica {shown(key)} was copied from went during the copy")
         if drop_segment and not any(r.segment_id != drop_segment for r in obj.replicas + obj.copying):
-            raise InvalidParams(f"dropping the replica on {drop_segment!r} would leave {key!r} none")
+            raise InvalidParams(f"dropping the replica on {drop_segment!r} would leave {shown(key)} none")
         if drop_segment and obj.leased(now) and not self._drop_despite_lease(drop_segment, obj):
-            raise ObjectHasLease(f"{key!r} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
+            raise ObjectHasLease(f"{shown(key)} is leased to a reader for {obj.lease_deadline - now:.3f}s more")
         for replica in obj.copying:
             replica.status = ReplicaStatus.COMPLETE
             self.journal.completed(replica.segment_id, key, replica.address, obj.size, obj.checksum,
@@ -80,7 +81,7 @@ class Replication:
         obj.copying, obj.copying_owner, obj.copy_sources = [], "", []
         if drop_segment:
             for replica in [r for r in obj.replicas if r.segment_id == drop_segment]:
-                self._free(key, replica)
+                self._free(obj, replica)
                 obj.replicas.remove(replica)
         self.stats.num_copies += 1
 
@@ -91,16 +92,16 @@ class Replication:
         """Free the replicas a copy of ``obj`` was writing (its copier's end then fails)."""
         for replica in obj.copying:
             if replica.segment_id in self.segments:
-                self.segments[replica.segment_id].allocator.free(replica.address)
+                self._return_range(obj.key, replica, obj.size)
         obj.copying, obj.copying_owner, obj.copy_sources = [], "", []
 
     def _copying(self, client_id: str, key: str, now: float) -> ObjectMeta:
         self._touch(client_id, now)
         obj = self.objects.get(key)
         if obj is None or not obj.copying_owner:
-            raise ObjectNotFound(f"{key!r} is not being copied (removed, overwritten, or a segment went)")
+            raise ObjectNotFound(f"{shown(key)} is not being copied (removed, overwritten, or a segment went)")
         if obj.copying_owner != client_id:
-            raise IllegalClient(f"{key!r} is being copied by another client")
+            raise IllegalClient(f"{shown(key)} is being copied by another client")
         return obj
 
     def _descriptors(self, replicas: list[Replica], size: int) -> list[ReplicaDescriptor]:

@@ -15,6 +15,8 @@ class MasterStats:
     num_preempted: int = 0  # puts older than the discard timeout, taken over by a new PutStart
     num_partial_allocations: int = 0  # puts that got fewer replicas than asked for
     num_allocation_failures: int = 0  # NO_AVAILABLE_HANDLE answers
+    num_quota_rejections: int = 0  # TENANT_QUOTA_EXCEEDED answers
+    num_quota_evictions: int = 0  # objects evicted to keep their tenant within its quota
     num_evicted: int = 0
     num_evicted_bytes: int = 0  # object sizes of the evicted, as Mooncake's master_evicted_size_bytes
     num_evicted_to_disk: int = 0  # evicted from memory but kept as a disk replica

@@ -24,6 +24,7 @@ from store.errors import (IllegalClient, InvalidParams, NoAvailableHandle, Objec
 from store.objects import (ObjectMeta, Replica, ReplicaDescriptor, ReplicaStatus, ReplicaTier,
                            ReportedObject)
 from store.placement import placement_order
+from store.tenants import shown
 
 PROMOTE_AFTER_DISK_READS = 2
 
@@ -38,7 +39,7 @@ class Tiering:
         obj = self._complete(key)
         if checksum is None or obj.checksum != checksum or not any(
                 r.in_memory and r.segment_id == segment_id and r.address == address for r in obj.replicas):
-            raise InvalidParams(f"{key!r} no longer is the object at {address:#x} of {segment_id!r}")
+            raise InvalidParams(f"{shown(key)} no longer is the object at {address:#x} of {segment_id!r}")
         if any(not r.in_memory and r.segment_id == segment_id for r in obj.replicas):
             return  # a retried report
         obj.replicas.append(Replica(segment_id, 0, ReplicaStatus.COMPLETE, ReplicaTier.DISK))
@@ -72,16 +73,16 @@ class Tiering:
         self._touch(client_id, now)
         obj = self._complete(key)
         if obj.promoting is not None or any(r.in_memory for r in obj.replicas):
-            raise InvalidParams(f"{key!r} is already in memory or being promoted")
+            raise InvalidParams(f"{shown(key)} is already in memory or being promoted")
         order = placement_order(self.policy.allocation_strategy, self._open_segments(), (),
                                 lambda s: s.client_id == client_id or bool(host and s.spec.host == host),
                                 self._rng)
         for segment in order:
             if segment.allocator.can_allocate(obj.size):
-                obj.promoting = Replica(segment.segment_id, segment.allocator.allocate(obj.size))
+                obj.promoting = Replica(segment.segment_id, self._take_range(segment, key, obj.size))
                 obj.promoting_owner = client_id
                 return segment.describe(obj.promoting, obj.size)
-        raise NoAvailableHandle(f"no segment has {obj.size} free bytes to promote {key!r}")
+        raise NoAvailableHandle(f"no segment has {obj.size} free bytes to promote {shown(key)}")
 
     def promote_end(self, client_id: str, key: str, now: float) -> None:
         obj = self._promoting(client_id, key, now)
@@ -98,22 +99,22 @@ class Tiering:
 
     def promote_revoke(self, client_id: str, key: str, now: float) -> None:
         obj = self._promoting(client_id, key, now)
-        self.segments[obj.promoting.segment_id].allocator.free(obj.promoting.address)
+        self._return_range(key, obj.promoting, obj.size)
         obj.promoting = None
 
     def _complete(self, key: str) -> ObjectMeta:
         obj = self.objects.get(key)
         if obj is None:
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
-            raise ReplicaIsNotReady(f"{key!r} is still being written")
+            raise ReplicaIsNotReady(f"{shown(key)} is still being written")
         return obj
 
     def _promoting(self, client_id: str, key: str, now: float) -> ObjectMeta:
         self._touch(client_id, now)
         obj = self.objects.get(key)
         if obj is None or obj.promoting is None:
-            raise ObjectNotFound(f"{key!r} is not being promoted (removed, or its segment went)")
+            raise ObjectNotFound(f"{shown(key)} is not being promoted (removed, or its segment went)")
         if obj.promoting_owner != client_id:
-            raise IllegalClient(f"{key!r} is being promoted by another client")
+            raise IllegalClient(f"{shown(key)} is being promoted by another client")
         return obj

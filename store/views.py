@@ -7,9 +7,12 @@ nothing to the reader.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from store.errors import ObjectNotFound
 from store.master_state import MasterState
 from store.objects import ObjectMeta
+from store.tenants import shown, split_key, tenant_of
 
 
 def counters_view(state: MasterState) -> dict:
@@ -46,14 +49,31 @@ def segments_view(state: MasterState) -> list[dict]:
 
 
 def object_view(state: MasterState, key: str, now: float) -> dict:
+    """The object under scoped key ``key``."""
     obj = state.objects.get(key)
     if obj is None:
-        raise ObjectNotFound(f"no object {key!r}")
+        raise ObjectNotFound(f"no object {shown(key)}")
     return _object_row(state, obj, now)
 
 
-def objects_view(state: MasterState, now: float) -> list[dict]:
-    return [_object_row(state, obj, now) for obj in state.objects.values()]
+def objects_view(state: MasterState, now: float, tenant: str) -> list[dict]:
+    """The objects of ``tenant`` (a tenant never lists another's)."""
+    return [_object_row(state, obj, now) for obj in state.objects.values() if tenant_of(obj.key) == tenant]
+
+
+def tenants_view(state: MasterState) -> list[dict]:
+    """Every tenant that has a quota set or holds an object, by name."""
+    counts = Counter(tenant_of(key) for key in state.objects)
+    names = sorted(set(counts) | set(state.tenants.quotas) | set(state.tenants.used))
+    return [tenant_row(state, name, counts[name]) for name in names]
+
+
+def tenant_row(state: MasterState, tenant: str, num_objects: int | None = None) -> dict:
+    """``tenant``'s quota (0: unlimited), the memory its objects hold and how many there are."""
+    if num_objects is None:
+        num_objects = sum(tenant_of(key) == tenant for key in state.objects)
+    return {"tenant": tenant, "quota_bytes": state.tenants.quota(tenant),
+            "used_bytes": state.tenants.used.get(tenant, 0), "num_objects": num_objects}
 
 
 def clients_view(state: MasterState, now: float) -> list[dict]:
@@ -70,7 +90,7 @@ def clients_view(state: MasterState, now: float) -> list[dict]:
 
 def _object_row(state: MasterState, obj: ObjectMeta, now: float) -> dict:
     return {
-        "key": obj.key, "size": obj.size, "owner": obj.owner,
+        "key": split_key(obj.key)[1], "tenant": tenant_of(obj.key), "size": obj.size, "owner": obj.owner,
         "state": "COMPLETE" if obj.complete else "PROCESSING",
         "lease_left": max(0.0, obj.lease_deadline - now),
         "soft_pin_left": max(0.0, obj.soft_pin_deadline - now) if obj.soft_pin_deadline is not None else None,

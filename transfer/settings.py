@@ -360,6 +360,15 @@ SETTINGS: tuple[Setting, ...] = (
        "What the SSD tier copies: evicted objects (the master hands them to their owner before "
        "freeing them), or all objects as they complete.",
        choices=("evicted", "all")),
+    _s("store", "tenant", "str", "default",
+       "Tenant a store client acts for: its own key namespace (the same key in two tenants is two "
+       "objects) and its own quota. Printable ASCII, not starting with '_'."),
+    _s("store", "tenant_quotas", "str", "",
+       "Per-tenant quotas of the master, as NAME=SIZE,NAME=SIZE (0: unlimited): the memory a "
+       "tenant's objects may hold, all replicas counted. `mooncake tenant quota` changes one "
+       "at run time."),
+    _s("store", "default_tenant_quota", "size", 0,
+       "Quota of every tenant that tenant_quotas does not name (0: unlimited).", minimum=0),
     _s("store", "kv_events_port", "int", 0,
        "Port of the master's KV-event PUB socket on bind_host (vLLM's KV-event shape; 0: any "
        "free one). Its address is announced as kv_events_address.", minimum=0),

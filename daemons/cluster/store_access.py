@@ -33,9 +33,10 @@ def master_of(config: Config) -> tuple[str, str]:
 
 
 def connect_master(config: Config, client_id: str) -> MasterClient:
-    """A client of the master :func:`master_of` names, for ops that move no object bytes."""
+    """A client of the master :func:`master_of` names, for ops that move no object bytes, acting
+    for the tenant of ``config`` like a store client would."""
     return MasterClient(master_of(config)[0], client_id, config.rpc_timeout, config.rpc_busy_poll,
-                        secret=cluster_secret(config))
+                        secret=cluster_secret(config), tenant=config.tenant)
 
 
 def connect(config: Config, segment_size: int = 0) -> StoreClient:

@@ -54,7 +54,7 @@ def _render(what: str, data) -> Table:
     return table
 
 
-@settings_options("cluster", "rpc", "master", "cluster_id")
+@settings_options("cluster", "rpc", "master", "cluster_id", "tenant")
 def inspect(
     what: str = typer.Argument("counters", help="counters (default: usage, free ratio, eviction "
                                "counters), segments, objects, clients, or key KEY."),
@@ -66,7 +66,8 @@ def inspect(
     """Show the store as the master sees it.
 
     Segment usage and fragmentation, object states, leases, pins and replicas, clients and their
-    liveness, and the eviction counters."""
+    liveness, and the eviction counters. `objects` and `key` are those of the --tenant only;
+    counters, segments and clients are the whole pool's."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons.cluster.store_access import master_of
     from store.master_client import MasterClient
@@ -77,7 +78,7 @@ def inspect(
         raise typer.BadParameter("give KEY exactly with `inspect key KEY`")
     try:
         master = MasterClient(master_of(config)[0], "inspect", config.rpc_timeout,
-                              secret=cluster_secret(config))
+                              secret=cluster_secret(config), tenant=config.tenant)
         try:
             data = master.inspect(what, key)
         finally:

@@ -3,6 +3,9 @@
 put and get are each a library store client for their lifetime (see daemons.cluster.store_access):
 a put moves the bytes from this process into the replicas' segments, a get moves them back,
 verified. rm and exists only ask the master, so they open no transfer engine.
+
+KEY is a key of the tenant the ``tenant`` setting names (--tenant, MOONCAKE_TENANT; default
+``default``): another tenant's object of the same name is never seen.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def expand_soft_pin_value(argv: list[str]) -> list[str]:
     return expanded
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "soft_pin_ttl", "master", "cluster_id")
+@settings_options("cluster", "rpc", "transfer", "checksum", "soft_pin_ttl", "master", "cluster_id", "tenant")
 def put(
     key: str = typer.Argument(..., help="Object key."),
     source: str = typer.Argument("-", help="File to store, or - for stdin."),
@@ -87,7 +90,7 @@ def put(
         fail_on(exc)
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id")
+@settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id", "tenant")
 def get(
     key: str = typer.Argument(..., help="Object key."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
@@ -110,7 +113,7 @@ def get(
         output.write_bytes(data)
 
 
-@settings_options("cluster", "rpc", "master", "cluster_id")
+@settings_options("cluster", "rpc", "master", "cluster_id", "tenant")
 def rm(
     key: str = typer.Argument(..., help="Object key."),
     force: bool = typer.Option(False, "--force", help="Remove even while a reader holds a lease."),
@@ -127,7 +130,7 @@ def rm(
         fail_on(exc)
 
 
-@settings_options("cluster", "rpc", "master", "cluster_id")
+@settings_options("cluster", "rpc", "master", "cluster_id", "tenant")
 def exists(
     key: str = typer.Argument(..., help="Object key."),
     json_output: bool = typer.Option(False, "--json", help="Print {\"key\", \"exists\"}."),

@@ -130,7 +130,7 @@ class Draining:
             self._drop_replicas_on(drain, obj, now)
         for obj in self.objects.values():
             if obj.promoting is not None and obj.promoting.segment_id == segment_id:
-                self.segments[segment_id].allocator.free(obj.promoting.address)
+                self._return_range(obj.key, obj.promoting, obj.size)
                 obj.promoting = None  # its promote_end now fails: it was best effort
             if any(r.segment_id == segment_id for r in obj.copying):
                 self._abandon_copy(obj)
@@ -260,7 +260,7 @@ class Draining:
         if obj.leased(now):
             drain.quiet_after = max(drain.quiet_after, obj.lease_deadline)
         for replica in [r for r in obj.replicas if r.segment_id == drain.segment_id]:
-            self._free(obj.key, replica)
+            self._free(obj, replica)
             obj.replicas.remove(replica)
         if not any(r.in_memory for r in obj.replicas):
             self.lru.pop(obj.key, None)  # left only on disk elsewhere: nothing to evict

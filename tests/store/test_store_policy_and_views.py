@@ -37,7 +37,7 @@ def test_views_are_plain_data_that_msgpack_carries():
     m.put_start("c2", "w", 64, now=2.0)
     m.get_replica_list("a", now=3.0)
     now = 4.0
-    views = [counters_view(m), segments_view(m), objects_view(m, now), clients_view(m, now)]
+    views = [counters_view(m), segments_view(m), objects_view(m, now, "default"), clients_view(m, now)]
     assert msgpack.unpackb(msgpack.packb(views)) == views
 
     counters = counters_view(m)

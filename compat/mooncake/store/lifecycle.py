@@ -16,8 +16,10 @@ does: a larger value, or any with 0, is refused with INVALID_PARAMS; our client 
 a per-thread buffer it sizes itself. A store dropped without ``close`` is closed when it is
 collected, and only then is its port (its name) free again. ``engine`` (a
 TransferEngine to share) is accepted for the signature; our client keeps its own. So are
-SGLang's keywords (SSD offload, tenant, client HTTP server), which the original added later:
-SGLang passes them when setup takes them, and our SSD tier is a master setting.
+SGLang's SSD offload and client HTTP server keywords, which the original added later: SGLang
+passes them when setup takes them, and our SSD tier is a master setting. ``tenant_id`` (also a
+key of ``setup(dict)``) is honoured: every call of the store acts on that tenant's keys and
+counts against its quota, as in the original.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class StoreLifecycle:
             check_metadata_server(metadata_server)
             buffer_size = parse_size(local_buffer_size, "local_buffer_size")
             code = self._start(local_hostname, parse_size(global_segment_size, "global_segment_size"),
-                               engine_protocol(protocol), master_address(master_server_addr))
+                               engine_protocol(protocol), master_address(master_server_addr),
+                               tenant_id or "default")  # empty: the default tenant, as in the original
             self._local_buffer_size = buffer_size
             return code
         except Exception as exc:
@@ -89,7 +92,8 @@ class StoreLifecycle:
 
     def _setup_from(self, config: dict) -> int:
         known = {"local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
-                 "protocol", "rdma_devices", "device_name", "master_server_address", "master_server_addr"}
+                 "protocol", "rdma_devices", "device_name", "master_server_address", "master_server_addr",
+                 "tenant_id"}
         unknown = set(config) - known
         if unknown or "local_hostname" not in config:
             return logged("setup", SetupError(f"setup(dict): unknown keys {sorted(unknown)} or no local_hostname"))
@@ -97,7 +101,8 @@ class StoreLifecycle:
             config["local_hostname"], config.get("metadata_server", P2P),
             config.get("global_segment_size", DEFAULT_SIZE), config.get("local_buffer_size", DEFAULT_SIZE),
             config.get("protocol", "tcp"), config.get("rdma_devices", config.get("device_name", "")),
-            config.get("master_server_address", config.get("master_server_addr", DEFAULT_MASTER)))
+            config.get("master_server_address", config.get("master_server_addr", DEFAULT_MASTER)),
+            tenant_id=config.get("tenant_id", "default"))
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
         try:
@@ -130,7 +135,8 @@ class StoreLifecycle:
                       "the pool is exhausted" if self._mem_pool is not None else "not a dummy client")
         return address
 
-    def _start(self, local_hostname: str, segment_size: int, protocol: str, master: str) -> int:
+    def _start(self, local_hostname: str, segment_size: int, protocol: str, master: str,
+               tenant: str = "default") -> int:
         if self._client is not None:
             raise SetupError("the store is already set up; close it first")
         host, port = split_hostname(local_hostname)
@@ -142,7 +148,7 @@ class StoreLifecycle:
         name = f"{host}:{port}"
         client_id = _NAMES.acquire(name)
         try:
-            config = resolve({"bind_host": ip, "transfer_protocol": protocol})
+            config = resolve({"bind_host": ip, "transfer_protocol": protocol, "tenant": tenant})
             self._client = StoreClient(master, config, segment_size=segment_size, client_id=client_id)
         except BaseException:
             _NAMES.release(client_id)
