@@ -21,6 +21,7 @@ from prometheus_client.core import Metric
 
 from daemons.observe.master_http import MasterView, build_app
 from daemons.observe.metrics import counter, gauge, labelled_counter, labelled_gauge
+from store.tenants import tenant_of
 
 # Our op -> the stem of Mooncake's master_<stem>_requests_total / _failures_total.
 OFFICIAL_OPS = {
@@ -182,6 +183,7 @@ def store_families(store: Any) -> Iterator[Metric]:
         num_segments, num_clients = len(state.segments), len(state.clients)
         num_offload_pending = len(state.offload_pending)
         stats = state.stats.as_dict()
+        tenant_used, tenant_quotas = dict(state.tenants.used), dict(state.tenants.quotas)
     num_soft_pinned = sum(1 for o in objects if o.soft_pin_deadline is not None and o.soft_pin_deadline > now)
     num_hard_pinned = sum(1 for o in objects if o.hard_pinned)
     num_processing = sum(1 for o in objects if not o.complete)
@@ -204,8 +206,15 @@ def store_families(store: Any) -> Iterator[Metric]:
                 disk_bytes)
     yield gauge("mooncake_master_offload_pending", "Eviction victims handed to their owner to copy to disk first",
                 num_offload_pending)
-    # Per-tenant usage (issue 22's tenants) joins here once the state keeps it, as
-    # mooncake_tenant_quota_charged_bytes{tenant_id} like Mooncake's master.
+    tenant_keys: dict[str, int] = {}
+    for obj in objects:
+        tenant = tenant_of(obj.key)
+        tenant_keys[tenant] = tenant_keys.get(tenant, 0) + 1
+    yield labelled_gauge("mooncake_tenant_quota_charged_bytes", "Memory bytes charged to the tenant's quota "
+                         "(each replica, puts in flight, copies)", "tenant_id", tenant_used)
+    yield labelled_gauge("mooncake_tenant_quota_bytes", "The tenant's quota set explicitly (0 = unlimited); "
+                         "others have default_tenant_quota", "tenant_id", tenant_quotas)
+    yield labelled_gauge("mooncake_tenant_key_count", "Keys the tenant holds", "tenant_id", tenant_keys)
     for field, value in stats.items():
         name, documentation = OFFICIAL_STATS.get(field) or (
             f"mooncake_master_{field.removeprefix('num_')}_total",

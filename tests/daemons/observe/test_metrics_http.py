@@ -156,6 +156,12 @@ def test_master_and_store_client_series_follow_a_put_and_a_get(cluster):
     # The segment's owner learns of the object from its next ping.
     wait_for(lambda: held(USED) == used_before + len(value))
     assert held(OBJECTS) == objects_before + 1
+    # Per tenant: the same key in another tenant is another object, charged to that tenant.
+    assert runner("put", "observed", "-", "--tenant", "team-b", input=value[:50_000]).returncode == 0
+    tenants = samples(master)
+    assert tenants['mooncake_tenant_key_count{tenant_id="team-b"}'] == 1
+    assert tenants['mooncake_tenant_quota_charged_bytes{tenant_id="team-b"}'] >= 50_000
+    assert tenants['mooncake_tenant_key_count{tenant_id="default"}'] == after["master_key_count"]
 
 
 def test_worker_series_follow_a_generation(cluster):
