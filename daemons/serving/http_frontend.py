@@ -61,7 +61,7 @@ def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: 
               max_body: int, default_max_tokens: int, *, read_timeout: float) -> ASGIApp:
     """The ASGI application; :class:`daemons.asgi.server.HttpServer` serves it."""
     # No /docs pages: they load their scripts from a CDN. The OpenAPI schema stays at /openapi.json.
-    app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None, max_body_size=max_body)
+    app = FastAPI(title="mooncake conductor", docs_url=None, redoc_url=None)
     api = OpenAiApi(service, tokenizer, vocab_size, model_id, default_max_tokens)
     app.post("/v1/completions")(api.completions)
     app.post("/v1/chat/completions")(api.chat_completions)
@@ -96,62 +96,65 @@ def build_app(service: ServingService, tokenizer: Tokenizer | None, vocab_size: 
         # Logged by uvicorn with its traceback; the client still gets an answer it can read.
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
 
-    return _RefuseDeclaredOversize(_BodyReadTimeout(app, read_timeout), max_body)
+    return _BodyGuard(app, max_body, read_timeout)
 
 
-class _BodyReadTimeout:
-    """Each read of the request body waits at most ``timeout``: uvicorn has no read timeout of its
-    own, so a client that sends a Content-Length and then trickles (or nothing) held a connection
-    and its task for as long as it liked. Past it the app is told the client left (so it gives
-    up on the body) and the client gets 408, and the connection is closed."""
+class _BodyGuard:
+    """What a request body may cost the front end, enforced in front of the app: at most
+    ``max_body`` bytes (a declared Content-Length over it is answered at once; a chunked body is
+    counted as it comes), and each read of it waits at most ``timeout`` (uvicorn has no read
+    timeout of its own, so a client that sends a Content-Length and then trickles, or nothing,
+    held a connection and its task for as long as it liked). Past either, the client gets 413 or
+    408 (and the connection closed) in our error shape; the app is told the client left, so it
+    gives up on the body, and whatever it answers then is dropped. Not FastAPI's ``max_body_size``:
+    it answers a declared oversize in plain text, and releases before 0.137 lack it."""
 
-    def __init__(self, app: ASGIApp, timeout: float) -> None:
-        self.app, self.timeout = app, timeout
+    def __init__(self, app: ASGIApp, max_body: int, timeout: float) -> None:
+        self.app, self.max_body, self.timeout = app, max_body, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body_done = timed_out = False
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            await _too_large(self.max_body)(scope, receive, send)
+            return
+        body_done = answered = False
+        received = 0
 
-        async def timed_receive() -> Message:
+        async def refuse(response: JSONResponse) -> Message:
+            nonlocal body_done, answered
+            body_done = answered = True
+            await response(scope, receive, send)
+            return {"type": "http.disconnect"}
+
+        async def guarded_receive() -> Message:
             # Only while the body comes: afterwards a stream awaits receive() for the client's
             # disconnect, which may rightly take as long as the answer does.
-            nonlocal body_done, timed_out
+            nonlocal body_done, received
             if body_done:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
             except TimeoutError:
-                body_done = timed_out = True
-                await error_response(408, f"no part of the body came for {self.timeout:g}s (http_read_timeout)",
-                                     "request_timeout", headers={"Connection": "close"})(scope, receive, send)
-                return {"type": "http.disconnect"}
+                return await refuse(error_response(
+                    408, f"no part of the body came for {self.timeout:g}s (http_read_timeout)",
+                    "request_timeout", headers={"Connection": "close"}))
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    # No "Connection: close": uvicorn then reads the rest of the body and drops
+                    # it, and the client, still sending, gets this answer instead of a reset.
+                    return await refuse(_too_large(self.max_body))
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
         async def send_unless_answered(message: Message) -> None:
-            if not timed_out:  # the app's answer to a body it never got: the 408 went instead
+            if not answered:  # the app's answer to a body it never got: ours went instead
                 await send(message)
 
-        await self.app(scope, timed_receive, send_unless_answered)
-
-
-class _RefuseDeclaredOversize:
-    """Answers a body whose Content-Length is over the limit at once, in our error shape. FastAPI's
-    ``max_body_size`` counts the bytes of every other body (chunked ones) and raises through our
-    handler, but for a declared one it replaces whatever the app answers with plain text."""
-
-    def __init__(self, app: ASGIApp, max_body: int) -> None:
-        self.app, self.max_body = app, max_body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            length = Headers(scope=scope).get("content-length", "")
-            if length.isdigit() and int(length) > self.max_body:
-                await _too_large(self.max_body)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        await self.app(scope, guarded_receive, send_unless_answered)
 
 
 def _too_large(max_body: int) -> JSONResponse:
