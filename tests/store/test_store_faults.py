@@ -52,10 +52,17 @@ def test_killed_store_client_never_yields_wrong_bytes_and_its_objects_go(mooncak
         survivor = client.master.inspect("segments")[0]["segment_id"]
         objects = client.master.inspect("objects")
         assert objects and all(r["segment_id"] == survivor for o in objects for r in o["replicas"])
-        # ... and every object left is readable and right.
+        # ... and every object left is readable and right. The storms filled the pool past its
+        # high watermark, so the master's background eviction may still take one after the
+        # listing: that is a clean miss (the master no longer has it), never wrong bytes.
         for obj in objects:
             if obj["state"] == "COMPLETE":
-                assert bytes(client.get(obj["key"])) == value_for(obj["key"], obj["size"])
+                try:
+                    data = client.get(obj["key"])
+                except ObjectNotFound:
+                    assert not client.exists(obj["key"]), f"{obj['key']} listed, present and unreadable"
+                    continue
+                assert bytes(data) == value_for(obj["key"], obj["size"])
 
 
 def test_master_restart_under_load_loses_no_object_on_a_live_segment(mooncake):
