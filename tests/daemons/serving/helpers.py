@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 import torch
 
 from daemons.model import build_model, generate_reference
+from scheduler.block_hash import format_key, prefix_block_keys
+from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
 
 # A cluster small enough to start quickly and to fault quickly: 32-token blocks, 2 s worker timeout.
@@ -135,3 +137,20 @@ def replica_segments(store, names: list[str]) -> dict[str, list[str]]:
     """Object name -> the segments its replicas are in, sorted, as the master lists them."""
     return {name: sorted(r["segment_id"] for r in store.master.inspect("key", name)["replicas"])
             for name in names}
+
+
+def prefix_then_tail(runner, url: str, conductor: str, holder: str, reference: Reference, *, block: int,
+                     seed: int, head: int, tail: int, max_tokens: int) -> None:
+    """A prompt that stores its blocks, then one sharing its first four (``tail`` more tokens after
+    them): the second must load those four blocks from ``holder`` and give the reference's tokens.
+    The holder puts its blocks after its report, and the conductor's index learns them from the
+    master's events: on a loaded machine the second request could be scheduled before either, so
+    it waits for the index to name the holder."""
+    shared = prompt(4 * block + 3, seed=seed)
+    complete(url, prompt=shared + prompt(head, seed=seed + 1)[1:], max_tokens=1)
+    with RpcClient(conductor, secret=runner.secret) as client:
+        wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, block)], [holder])
+    second = shared + prompt(tail, seed=seed + 2)[1:]
+    answer = complete(url, prompt=second, max_tokens=max_tokens)
+    assert answer["mooncake"]["prefix_tokens"] == 4 * block
+    assert answer["choices"][0]["token_ids"] == reference.tokens(second, max_tokens)

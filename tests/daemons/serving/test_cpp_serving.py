@@ -18,7 +18,7 @@ from daemons.workers.prefix_store import object_key
 from scheduler.block_hash import format_key, prefix_block_keys
 from scheduler.cache_index import POOL
 from tests.conftest import Mooncake
-from tests.daemons.serving.helpers import (SERVING_ENV, Reference, complete, metric, prompt, replica_segments,
+from tests.daemons.serving.helpers import (SERVING_ENV, Reference, complete, metric, prefix_then_tail, prompt, replica_segments,
                                            segments_of, wait_for_holders, wait_until)
 from transfer.rpc.client_server import RpcClient
 from transfer.settings import resolve
@@ -67,16 +67,8 @@ def test_a_prefix_loaded_by_every_stage_gives_the_same_tokens(cluster, reference
     runner, url, info = cluster
     group = next(d["name"] for d in info["daemons"] if d["role"] == "prefill")
     conductor = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
-    shared = prompt(4 * BLOCK + 3, seed=tail)
-    complete(url, prompt=shared + prompt(2 * CHUNK, seed=tail + 1)[1:], max_tokens=1)
-    # The group puts the blocks after its report, and the index learns them from the master's
-    # events: on a loaded machine the next request could be scheduled before either.
-    with RpcClient(conductor, secret=runner.secret) as client:
-        wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, BLOCK)], [group])
-    second = shared + prompt(tail, seed=tail + 2)[1:]
-    answer = complete(url, prompt=second, max_tokens=6)
-    assert answer["mooncake"]["prefix_tokens"] == 4 * BLOCK
-    assert answer["choices"][0]["token_ids"] == reference.tokens(second, 6)
+    prefix_then_tail(runner, url, conductor, group, reference, block=BLOCK, seed=tail, head=2 * CHUNK, tail=tail,
+                     max_tokens=6)
 
 
 def test_a_prompt_served_twice_is_a_local_hit_from_the_groups_own_segment(cluster, reference):

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.block_hash import format_key, prefix_block_keys
 from tests.conftest import Mooncake, require_cuda
-from tests.daemons.serving.helpers import SERVING_ENV, Reference, complete, prompt, wait_for_holders
-from transfer.rpc.client_server import RpcClient
+from tests.daemons.serving.helpers import SERVING_ENV, Reference, complete, prefix_then_tail, prompt
 
 pytestmark = pytest.mark.gpu
 
@@ -52,19 +50,10 @@ def cpp_cluster(tmp_path_factory):
 
 
 def _prefix_then_tail(cluster, reference: Reference, seed: int, tail: int) -> None:
-    """A prompt that stores its blocks, then one sharing its first four: that one loads them."""
     runner, conductor, info = cluster
-    url = conductor["http_address"]
     holder = next(d["name"] for d in info["daemons"] if d["role"] == "prefill")
-    shared = prompt(4 * BLOCK + 3, seed=seed)
-    complete(url, prompt=shared + prompt(2 * CHUNK, seed=seed + 1)[1:], max_tokens=1)
-    # The index learns the blocks from the master's events.
-    with RpcClient(conductor["address"], secret=runner.secret) as client:
-        wait_for_holders(client, [format_key(k) for k in prefix_block_keys(shared, BLOCK)], [holder])
-    second = shared + prompt(tail, seed=seed + 2)[1:]
-    answer = complete(url, prompt=second, max_tokens=8)
-    assert answer["mooncake"]["prefix_tokens"] == 4 * BLOCK
-    assert answer["choices"][0]["token_ids"] == reference.tokens(second, 8)
+    prefix_then_tail(runner, conductor["http_address"], conductor["address"], holder, reference, block=BLOCK,
+                     seed=seed, head=2 * CHUNK, tail=tail, max_tokens=8)
 
 
 def test_cuda_pd_cold_prompts_match_the_cpu_reference(pd_cluster, reference):
