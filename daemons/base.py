@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 class Daemon:
     role: ClassVar[str] = "daemon"
     tick_interval: ClassVar[float] = 0.5
+    # The ops a tenant's credential may ask for (transfer.rpc.client_server); none: only the
+    # cluster secret admits a client.
+    tenant_ops: ClassVar[frozenset[str]] = frozenset()
     # The port of the HTTP metrics server: 0, a free one (several daemons share a host); a master
     # started on its own (`mooncake start master`) takes metrics_port, as mooncake_master does.
     metrics_bind_port = 0
@@ -61,6 +64,7 @@ class Daemon:
             handler_threads=config.rpc_handler_threads,
             busy_poll=config.rpc_busy_poll,
             secret=self.secret,
+            tenant_ops=self.tenant_ops,
         )
         self.ipc_address = self._bind_ipc()
 

@@ -39,7 +39,7 @@ from daemons.errors import AddressNotReachable, MetadataServerUnavailable
 from daemons.ha.master_election import start_election
 from daemons.launcher import run_in_foreground
 from store.events.publisher import KvEventPublisher
-from store.master_service import StoreService
+from store.master_service import TENANT_OPS, StoreService
 from transfer.auth import cluster_secret
 from transfer.metadata.http_backend import HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
@@ -53,6 +53,7 @@ METADATA_EXPIRY_INTERVAL = 10.0  # seconds between sweeps of the segment descrip
 class MasterDaemon(Daemon):
     role = "master"
     tick_interval = 0.05  # eviction and liveness react within 50 ms (Mooncake polls every 10 ms)
+    tenant_ops = TENANT_OPS  # a tenant's credential reaches its own keys (store.master_service)
 
     election = None  # with ha_backend etcd: this master's campaign (daemons.ha.master_election)
     oplog = None  # and its op-log writer

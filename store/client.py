@@ -34,7 +34,7 @@ from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
-from transfer.auth import cluster_secret
+from transfer.auth import client_credential
 from store.tenants import scoped_key
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
@@ -61,7 +61,7 @@ class StoreClient:
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
                                    self.config.rpc_busy_poll, self.config.store_max_batch_keys,
-                                   cluster_secret(self.config), self.config.tenant)
+                                   client_credential(self.config), self.config.tenant)
         self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                   shm_prefix=shm_prefix)
         self.owner: SegmentOwner | None = None

@@ -13,16 +13,24 @@ from store.drain.messages import DrainFinish, DrainPending, DrainPlan, DrainStat
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
                         replica_list_from_wire, reported_to_wire, segment_to_wire)
-from transfer.auth import ClusterSecret
+from store.errors import InvalidParams
+from transfer.auth import Credential
 from store.tenants import DEFAULT_TENANT, check_tenant
 from transfer.etcd.leader import master_rpc
 
 
 class MasterClient:
     def __init__(self, address: str, client_id: str, timeout: float = 5.0, busy_poll: float = 0.0,
-                 max_batch_keys: int | None = None, secret: ClusterSecret | None = None,
+                 max_batch_keys: int | None = None, secret: Credential | None = None,
                  tenant: str = DEFAULT_TENANT) -> None:
+        """``secret``: the cluster secret, or a tenant's credential, which names the tenant
+        (``tenant`` may then be left at the default, or must agree with it)."""
         self.address, self.client_id = address, client_id
+        if secret is not None and secret.tenant is not None:
+            if tenant not in (DEFAULT_TENANT, secret.tenant):
+                raise InvalidParams(f"tenant {tenant!r} was asked for, but the tenant credential is "
+                                    f"for tenant {secret.tenant!r}: leave the tenant unset or make them agree")
+            tenant = secret.tenant
         # Sent with every op on keys; the default tenant is what the master assumes when none is.
         self.tenant = check_tenant(tenant)
         self._scope = {} if tenant == DEFAULT_TENANT else {"tenant": tenant}

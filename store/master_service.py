@@ -41,6 +41,13 @@ carry the master's scoped keys as the journal handed them out.
     store.kv_snapshot                       {}  -> {address, replay_address, epoch, sequence,
                                                     blocks: [[key, segment_id]]}
 
+Tenant credentials (:class:`transfer.auth.TenantCredential`): a request that came with one acts
+for that tenant only (:attr:`transfer.rpc.client_server.Request.tenant`). It may ask for the ops
+of :data:`TENANT_OPS` alone, on its own tenant's keys: naming another tenant, or asking
+``inspect`` for anything but its own objects, is UNAUTHORIZED. Mounting segments, quotas,
+draining, copies, KV events (they list every tenant's keys) and the HA ops take the cluster
+secret.
+
 The drain ops' answers are the dataclasses of :mod:`store.drain.messages`; the drain itself is
 described in :mod:`store.drain.state`.
 
@@ -78,10 +85,21 @@ from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
+from transfer.errors import Unauthorized
 from transfer.rpc.client_server import Request, RpcServer
 from transfer.settings import Config
 
 log = logging.getLogger(__name__)
+
+# What a tenant's credential may ask of the master: its own keys' puts, gets and removals, and the
+# segment descriptors its engine reads to reach the replicas it was handed.
+TENANT_STORE_OPS = frozenset({
+    "put_start", "upsert_start", "put_end", "put_revoke", "batch_put_start", "batch_upsert_start",
+    "batch_put_end", "batch_put_revoke", "get_replica_list", "batch_get_replica_list", "exists",
+    "batch_exists", "remove", "batch_remove", "remove_all", "inspect"})
+TENANT_OPS = frozenset({f"store.{op}" for op in TENANT_STORE_OPS} | {"te.meta.get", "health"})
+# inspect's views that show a tenant nothing but its own keys
+TENANT_INSPECT = ("objects", "key")
 
 
 class StoreService:
@@ -98,7 +116,7 @@ class StoreService:
 
     def register(self, server: RpcServer) -> None:
         for op, handler in self._ops().items():
-            server.register(f"store.{op}", self._locked(handler))
+            server.register(f"store.{op}", self._locked(op, handler))
         # It waits for the publisher's thread: off the I/O thread.
         server.register("store.kv_snapshot", self._kv_snapshot, blocking=True)
 
@@ -117,8 +135,10 @@ class StoreService:
         with self.lock:
             return {"store": views.counters_view(self.state)}
 
-    def _locked(self, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
+    def _locked(self, op: str, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
         def run(request: Request) -> Any:
+            if request.tenant is not None:
+                _check_tenant_request(op, request)
             with self.lock:
                 try:
                     return handler(request.args, time.monotonic())
@@ -298,6 +318,18 @@ class StoreService:
         self.state.tenants.set_quota(tenant, int_arg(args, "quota"))
         log.info("tenant %s: quota set to %d bytes", tenant, self.state.tenants.quota(tenant))
         return views.tenant_row(self.state, tenant)
+
+
+def _check_tenant_request(op: str, request: Request) -> None:
+    """Unauthorized unless a request that came with ``request.tenant``'s credential acts for that
+    tenant alone (the RPC server already refused ops outside TENANT_OPS)."""
+    named = request.args.get("tenant", DEFAULT_TENANT)
+    if named != request.tenant:
+        raise Unauthorized(f"store.{op}: this client holds the credential of tenant {request.tenant!r}, "
+                           f"which reaches no keys of tenant {named!r:.200}")
+    if op == "inspect" and request.args.get("what", "counters") not in TENANT_INSPECT:
+        raise Unauthorized(f"store.inspect: a tenant's credential may inspect its own "
+                           f"{' and '.join(TENANT_INSPECT)} only")
 
 
 def _tenant(args: dict) -> str:

@@ -13,6 +13,19 @@ One random secret per cluster (``mooncake up`` writes it to ``<workdir>/secret``
 
 Each use derives its own key with a label, so a proof made for one plane never passes for
 another. The secret itself is never logged or printed.
+
+A *tenant credential* (:class:`TenantCredential`) gives a store client one tenant's keys and
+nothing else. Its key is HMAC-SHA256(secret, "mooncake-tenant:" + name), so a master holding the
+secret derives any tenant's key from the name alone and keeps no table of them; the holder proves
+it with the same challenges as above, keyed by the tenant key, and names its tenant beside the
+proof. Its text form, which ``mooncake tenant credential NAME`` prints, is
+
+    mooncake-tenant-1:<tenant key, 64 hex>:<the daemons' CURVE public key, 40 z85>:<tenant>
+
+(fixed widths up to the name, so any printable name parses). The daemons' public key is in it
+because a CURVE client must know its server's key, and a tenant cannot derive it: it is not
+secret, CURVE keeps it out of nobody's reach. See :mod:`transfer.rpc.curve` and
+:mod:`transfer.rpc.stream` for how servers bind a connection to the tenant it proved.
 """
 
 from __future__ import annotations
@@ -31,6 +44,30 @@ NONCE_BYTES = 16
 MIN_SECRET_CHARS = 16
 RPC_PURPOSE = b"mooncake-rpc"
 TCP_DATA_PURPOSE = b"mooncake-tcp-data"
+TENANT_LABEL = b"mooncake-tenant:"
+CREDENTIAL_PREFIX = "mooncake-tenant-1:"
+_KEY_HEX, _Z85_KEY = 64, 40
+# Longest tenant name a server derives a key for (store.tenants allows no longer one).
+MAX_TENANT_NAME = 128
+# Tenant credentials a server derived, by name: bounded, since any peer may name any tenant.
+MAX_DERIVED_TENANTS = 4096
+
+
+def _hmac(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def _curve_keypair_secret(key: bytes) -> bytes:
+    """The z85 CURVE secret key of the keypair derived from ``key``."""
+    from zmq.utils import z85  # here: the CLI resolves secrets without loading ZeroMQ
+
+    return z85.encode(_hmac(key, b"mooncake-curve-keypair"))
+
+
+def _curve_public(secret_key: bytes) -> bytes:
+    import zmq
+
+    return zmq.curve_public(secret_key)
 
 
 class ClusterSecret:
@@ -40,6 +77,9 @@ class ClusterSecret:
             raise SettingError("cluster_secret", "(hidden)", f"a secret of at least {MIN_SECRET_CHARS} characters")
         self.value = value  # only for writing it to its file: never logged nor printed
         self._key = value.encode()
+        self._tenants: dict[str, TenantCredential] = {}
+
+    tenant = None  # the cluster's credential acts for every tenant
 
     def __repr__(self) -> str:
         return "ClusterSecret(<hidden>)"
@@ -48,22 +88,34 @@ class ClusterSecret:
     def curve_secret_key(self) -> bytes:
         """The CURVE secret key (z85) of the cluster's one keypair, which servers and clients
         share: holding it is what admits a client."""
-        from zmq.utils import z85  # here: the CLI resolves secrets without loading ZeroMQ
-
-        return z85.encode(self._derive(b"mooncake-curve-keypair"))
+        return _curve_keypair_secret(self._key)
 
     @functools.cached_property
     def curve_public_key(self) -> bytes:
-        import zmq
+        return _curve_public(self.curve_secret_key)
 
-        return zmq.curve_public(self.curve_secret_key)
+    @property
+    def server_public_key(self) -> bytes:
+        """The CURVE public key of the daemons a client of this credential talks to."""
+        return self.curve_public_key
 
     def _derive(self, label: bytes) -> bytes:
-        return hmac.new(self._key, label, hashlib.sha256).digest()
+        return _hmac(self._key, label)
+
+    def tenant_credential(self, tenant: str) -> TenantCredential:
+        """``tenant``'s credential, derived from the secret (a checked tenant name)."""
+        credential = self._tenants.get(tenant)
+        if credential is None:
+            if len(self._tenants) >= MAX_DERIVED_TENANTS:
+                self._tenants.clear()
+            credential = TenantCredential(tenant, self._derive(TENANT_LABEL + tenant.encode()),
+                                          self.curve_public_key)
+            self._tenants[tenant] = credential
+        return credential
 
     def proof(self, purpose: bytes, nonce: bytes) -> bytes:
         """What a client answers to the server's ``nonce`` on a connection for ``purpose``."""
-        return hmac.new(self._key, purpose + nonce, hashlib.sha256).digest()
+        return _hmac(self._key, purpose + nonce)
 
     def verify(self, purpose: bytes, nonce: bytes, proof: object) -> bool:
         return isinstance(proof, bytes) and hmac.compare_digest(self.proof(purpose, nonce), proof)
@@ -73,8 +125,70 @@ class ClusterSecret:
         return self._derive(b"mooncake-http-metadata-token").hex()
 
 
+class TenantCredential:
+    """One tenant's credential: its name and key, and the daemons' CURVE public key. It offers
+    what a client needs of a :class:`ClusterSecret` (proofs, a CURVE keypair), for that tenant
+    only; a server holding one (a tenant process's own engine) admits that tenant's peers only."""
+
+    def __init__(self, tenant: str, key: bytes, server_public_key: bytes) -> None:
+        self.tenant, self._key, self.server_public_key = tenant, key, server_public_key
+
+    def __repr__(self) -> str:
+        return f"TenantCredential({self.tenant!r}, <hidden>)"
+
+    @classmethod
+    def parse(cls, text: str) -> TenantCredential:
+        text = text.strip()
+        body = text[len(CREDENTIAL_PREFIX):]
+        key_hex, server_key, tenant = body[:_KEY_HEX], body[_KEY_HEX + 1:_KEY_HEX + 1 + _Z85_KEY], \
+            body[_KEY_HEX + _Z85_KEY + 2:]
+        try:
+            if (not text.startswith(CREDENTIAL_PREFIX) or body[_KEY_HEX:_KEY_HEX + 1] != ":"
+                    or body[_KEY_HEX + 1 + _Z85_KEY:_KEY_HEX + 2 + _Z85_KEY] != ":" or not tenant
+                    or len(server_key) != _Z85_KEY):
+                raise ValueError(text)
+            key = bytes.fromhex(key_hex)
+            if len(key) != _KEY_HEX // 2:
+                raise ValueError(text)
+        except ValueError:
+            raise SettingError("tenant_credential", "(hidden)",
+                               f"a credential of the form {CREDENTIAL_PREFIX}KEY:SERVERKEY:TENANT, as "
+                               "`mooncake tenant credential NAME` prints it") from None
+        return cls(tenant, key, server_key.encode())
+
+    @property
+    def text(self) -> str:
+        """The form an admin hands to the tenant (never logged)."""
+        return f"{CREDENTIAL_PREFIX}{self._key.hex()}:{self.server_public_key.decode()}:{self.tenant}"
+
+    @functools.cached_property
+    def curve_secret_key(self) -> bytes:
+        return _curve_keypair_secret(self._key)
+
+    @functools.cached_property
+    def curve_public_key(self) -> bytes:
+        return _curve_public(self.curve_secret_key)
+
+    def proof(self, purpose: bytes, nonce: bytes) -> bytes:
+        return _hmac(self._key, purpose + nonce)
+
+    def verify(self, purpose: bytes, nonce: bytes, proof: object) -> bool:
+        return isinstance(proof, bytes) and hmac.compare_digest(self.proof(purpose, nonce), proof)
+
+
+Credential = ClusterSecret | TenantCredential
+
+
 def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
+
+
+def client_credential(config) -> Credential | None:
+    """What a client presents: the tenant credential when the settings give one (it names the
+    tenant the client acts for), else the cluster secret."""
+    if config.tenant_credential:
+        return TenantCredential.parse(config.tenant_credential)
+    return cluster_secret(config)
 
 
 def secret_file(workdir: str | os.PathLike) -> Path:

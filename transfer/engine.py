@@ -112,8 +112,12 @@ class TransferEngine(BatchMixin):
                 secret=self.options.secret))
         self._rpc.register(EXCHANGE_OP, self._exchange)
         self._rpc.start()
-        self.version = self._metadata.publish(self.descriptor())
-        threading.Thread(target=self._refresh_loop, name="te-meta-refresh", daemon=True).start()
+        # A tenant's engine (transfer.auth.TenantCredential) only initiates: nobody is to reach
+        # its memory, and the master keeps tenants from writing the descriptor table others trust.
+        self.publishes = self.options.secret is None or self.options.secret.tenant is None
+        self.version = self._metadata.publish(self.descriptor()) if self.publishes else 0
+        if self.publishes:
+            threading.Thread(target=self._refresh_loop, name="te-meta-refresh", daemon=True).start()
 
     def _probe_rdma(self, verbs: Verbs | None) -> list:
         """Usable RDMA devices; under ``auto`` none (and the reason kept) when RDMA is absent."""
@@ -168,7 +172,8 @@ class TransferEngine(BatchMixin):
             owned = list(self._owned.values())
             self._owned.clear()
         try:
-            self._metadata.withdraw(self.descriptor())
+            if self.publishes:
+                self._metadata.withdraw(self.descriptor())
         except Exception:  # the master may already be gone; our regions still must be freed
             pass
         for transport in self.transports:
@@ -305,7 +310,8 @@ class TransferEngine(BatchMixin):
         self._publish()
 
     def _publish(self) -> None:
-        self.version = self._metadata.publish(self.descriptor())
+        if self.publishes:
+            self.version = self._metadata.publish(self.descriptor())
 
     def _refresh_loop(self) -> None:
         """Publish our descriptor again every fifth of the metadata TTL: the master's table drops

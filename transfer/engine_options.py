@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from transfer.auth import ClusterSecret, cluster_secret
+from transfer.auth import Credential, TenantCredential, client_credential
 from transfer.settings import Config, resolve
 
 
@@ -28,8 +28,14 @@ class EngineOptions:
     rdma_qps_per_endpoint: int = 2
     metadata_ttl: float = 300.0  # our descriptor is published again every fifth of it
     shm_prefix: str = "mooncake-te-"  # a cluster's daemons pass daemons.cluster.workdir.shm_prefix(cluster_id)
-    # Required of peers by the engine's control server and TCP target, and proven to theirs.
-    secret: ClusterSecret | None = None
+    # Required of peers by the engine's control server and TCP target, and proven to theirs. An
+    # engine given a tenant's credential (transfer.auth) moves bytes over TCP only: shared memory
+    # is one OS user's, and no check could keep a tenant process from mapping another's segment.
+    secret: Credential | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.secret, TenantCredential) and self.protocol != "tcp":
+            object.__setattr__(self, "protocol", "tcp")
 
     @classmethod
     def from_config(cls, config: Config | None = None, **overrides: Any) -> EngineOptions:
@@ -37,7 +43,7 @@ class EngineOptions:
         config = config or resolve()
         values = {f.name: config[_SETTING.get(f.name, f.name)] for f in fields(cls)
                   if _SETTING.get(f.name, f.name) in config.values}
-        values["secret"] = cluster_secret(config)
+        values["secret"] = client_credential(config)
         values.update(overrides)
         return cls(**values)
 

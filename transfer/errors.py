@@ -151,6 +151,14 @@ class AuthenticationFailed(RpcError):
     code, name = -909, "AUTHENTICATION_FAILED"
 
 
+class Unauthorized(RpcError):
+    """The caller proved who it is, but that is not enough for this request: a tenant's
+    credential asked for another tenant's keys or for an operation only the cluster secret may
+    ask for (mounting segments, quotas, draining, HA)."""
+
+    code, name = -911, "UNAUTHORIZED"
+
+
 class HandlerFailed(RpcError):
     """The handler raised something that is not a MooncakeError: a bug on the daemon side."""
 

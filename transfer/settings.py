@@ -363,6 +363,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("store", "tenant", "str", "default",
        "Tenant a store client acts for: its own key namespace (the same key in two tenants is two "
        "objects) and its own quota. Printable ASCII, not starting with '_'."),
+    _s("store", "tenant_credential", "secret", "",
+       "A tenant credential (`mooncake tenant credential NAME` prints one; set it through "
+       "MOONCAKE_TENANT_CREDENTIAL): the store client presents it instead of the cluster secret "
+       "and reaches only that tenant's keys, over TCP only (never shared memory); it names the "
+       "tenant, so tenant may be left unset."),
     _s("store", "tenant_quotas", "str", "",
        "Per-tenant quotas of the master, as NAME=SIZE,NAME=SIZE (0: unlimited): the memory a "
        "tenant's objects may hold, all replicas counted. `mooncake tenant quota` changes one "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from daemons.cluster.directory import cluster_info, local_daemon_address
 from daemons.cluster.workdir import ClusterPaths, shm_prefix
 from store.master_client import MasterClient
-from transfer.auth import cluster_secret
+from transfer.auth import client_credential
 from transfer.settings import Config
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def connect_master(config: Config, client_id: str) -> MasterClient:
     """A client of the master :func:`master_of` names, for ops that move no object bytes, acting
     for the tenant of ``config`` like a store client would."""
     return MasterClient(master_of(config)[0], client_id, config.rpc_timeout, config.rpc_busy_poll,
-                        secret=cluster_secret(config), tenant=config.tenant)
+                        secret=client_credential(config), tenant=config.tenant)
 
 
 def connect(config: Config, segment_size: int = 0) -> StoreClient:

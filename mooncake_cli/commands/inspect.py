@@ -8,7 +8,7 @@ from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail_on
-from transfer.auth import cluster_secret
+from transfer.auth import client_credential
 from transfer.errors import MooncakeError
 
 VIEWS = ("counters", "segments", "objects", "clients", "key")
@@ -78,7 +78,7 @@ def inspect(
         raise typer.BadParameter("give KEY exactly with `inspect key KEY`")
     try:
         master = MasterClient(master_of(config)[0], "inspect", config.rpc_timeout,
-                              secret=cluster_secret(config), tenant=config.tenant)
+                              secret=client_credential(config), tenant=config.tenant)
         try:
             data = master.inspect(what, key)
         finally:

@@ -1,8 +1,10 @@
-"""`mooncake tenant list` and `mooncake tenant quota NAME SIZE`: the store's tenants and their quotas.
+"""`mooncake tenant list`, `quota NAME SIZE` and `credential NAME`: the store's tenants, their
+quotas and their credentials.
 
 A tenant is a key namespace with a memory quota (see store.tenants). The quotas the master starts
-with are the tenant_quotas and default_tenant_quota settings; `quota` changes one at run time,
-on the master, until it restarts.
+with are the tenant_quotas and default_tenant_quota settings; `quota` changes one at run time.
+`credential` derives a tenant's credential from the cluster secret (transfer.auth), on this host,
+without asking any daemon.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import typer
 from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, fail_on
-from transfer.errors import MooncakeError
+import sys
+
+from mooncake_cli.output import JSON_HELP, emit, fail, fail_on
+from transfer.errors import MooncakeError, SettingError
 from transfer.settings import SIZE_UNITS_HELP, parse_size
 
 app = typer.Typer(help="The store's tenants: usage, quotas, and changing a quota at run time.",
@@ -75,6 +79,40 @@ def quota(
         raise typer.BadParameter(f"{size!r} is not a size such as 512MB or 0") from None
     row = _ask(config, lambda master: master.set_tenant_quota(name, quota_bytes))
     emit(row, json_output, lambda r: _render([r]))
+
+
+@app.command("credential")
+@settings_options("cluster")
+def credential(
+    name: str = typer.Argument(..., help="The tenant."),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+    *,
+    config: Config,
+) -> None:
+    """Print a tenant's credential, derived from the cluster secret (which this needs).
+
+    Stdout holds the credential alone, for a script to capture. Give it to the tenant's clients
+    as MOONCAKE_TENANT_CREDENTIAL (or tenant_credential in their YAML): they then reach that
+    tenant's keys only, over TCP, and name their tenant by it. Anyone holding it acts for the
+    tenant: keep it as secret as the cluster secret. It lasts as long as the cluster secret."""
+    # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
+    from store.tenants import check_tenant
+    from transfer.auth import cluster_secret
+
+    try:
+        tenant = check_tenant(name)
+        secret = cluster_secret(config)
+    except (SettingError, MooncakeError) as exc:
+        fail_on(exc)
+    if secret is None:
+        fail("no cluster secret here (MOONCAKE_CLUSTER_SECRET, cluster_secret_file or <workdir>/secret): "
+             "a tenant credential is derived from it")
+    text = secret.tenant_credential(tenant).text
+    if json_output:
+        emit({"tenant": tenant, "credential": text}, True, str)
+    else:
+        # Not through rich: its markup would take the key's brackets for tags.
+        sys.stdout.write(text + "\n")
 
 
 def register(root: typer.Typer) -> None:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from transfer.auth import ClusterSecret
+from transfer.auth import Credential
 from transfer.batch import OpCode, Slice
 from transfer.batch import cut
 from transfer.descriptor import BufferDesc, RdmaDeviceDesc, SegmentDescriptor
@@ -58,7 +58,7 @@ class RdmaTransport(Transport):
     def __init__(self, devices: list[tuple[Device, DevicePlan]], identity: Callable[[], tuple[str, str]],
                  sink: SliceSink, matrix: dict, *, slice_size: int, qps_per_endpoint: int,
                  pool_size: int, handshake_timeout: float, path_cooldown: float, gpudirect: bool,
-                 secret: ClusterSecret | None = None) -> None:
+                 secret: Credential | None = None) -> None:
         self._devices = {plan.name: (device, plan) for device, plan in devices}
         self._identity, self._sink = identity, sink
         self.paths = PathSet(rdma_matrix(matrix, list(self._devices)), path_cooldown)

@@ -25,6 +25,13 @@ a Unix stream socket, which the same I/O thread polls beside the ZeroMQ socket. 
 Given the cluster secret, a server admits only clients that hold it too: ZeroMQ CURVE on its
 ZeroMQ endpoints (:mod:`transfer.rpc.curve`), a challenge on each unix:// connection
 (:mod:`transfer.rpc.stream`). Without one, both are open to any local user who can connect.
+
+A server made with ``tenant_ops`` (the master's store ops on keys) also admits tenant
+credentials (:class:`transfer.auth.TenantCredential`): each request is bound to the tenant its
+connection proved (on ZeroMQ, its message's sender key, :func:`transfer.rpc.curve.sender`; on a
+stream, the connection's challenge), handed to the handler as :attr:`Request.tenant`, and refused
+with UNAUTHORIZED for any op outside ``tenant_ops``. A tenant client names its tenant in every
+request header (``"tenant": name``), which is what a ZeroMQ server derives the expected key from.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from collections.abc import Callable, Sequence
 import msgpack
 import zmq
 
-from transfer.auth import ClusterSecret
+from transfer.auth import ClusterSecret, Credential
 from transfer.rpc import curve, stream
 from transfer.rpc.log_throttle import LogThrottle
 from transfer.errors import (
@@ -55,6 +62,7 @@ from transfer.errors import (
     RpcError,
     RpcTimeout,
     ShuttingDown,
+    Unauthorized,
     UnknownOperation,
     error_from_wire,
 )
@@ -80,6 +88,9 @@ class Request:
     frames: list[memoryview]
     deadline: float  # time.monotonic() after which the caller no longer waits
     peer: Any = b""  # a ZeroMQ identity, or the stream connection the request came on
+    # The tenant whose credential the request came with; None: the cluster secret's (or no
+    # authentication), which may act for any tenant.
+    tenant: str | None = None
 
 
 @dataclass
@@ -113,13 +124,17 @@ class RpcServer:
         handler_threads: int = 8,
         busy_poll: float = 0.0,
         context: zmq.Context | None = None,
-        secret: ClusterSecret | None = None,
+        secret: Credential | None = None,
+        tenant_ops: frozenset[str] = frozenset(),
     ) -> None:
         self._context = context or zmq.Context.instance()
         self._busy_poll = busy_poll
         self._secret = secret
+        # Only a cluster secret can check a tenant's credential (it derives the tenant's key).
+        self._tenant_ops = tenant_ops if isinstance(secret, ClusterSecret) else frozenset()
         self._socket = self._context.socket(zmq.ROUTER)
-        self._refusals = curve.RefusalLog(curve.make_server(self._socket, self._context, secret)) if secret else None
+        self._refusals = curve.RefusalLog(curve.make_server(
+            self._socket, self._context, secret, admits_tenants=bool(self._tenant_ops))) if secret else None
         self._socket.setsockopt(zmq.LINGER, 0)
         # A peer that disconnects while we reply must not make send() raise or block.
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -210,8 +225,11 @@ class RpcServer:
             # blocking reply never waits behind a burst of requests.
             for item, events in ready:
                 if item is sock:
-                    message = _recv_message(sock, True)
-                    self._answer(message[0], message[1:2], [f.buffer for f in message[2:]])
+                    if self._tenant_ops:
+                        message, sender_key = _recv_message_with_sender(sock)
+                    else:
+                        message, sender_key = _recv_message(sock, True), None
+                    self._answer(message[0], message[1:2], [f.buffer for f in message[2:]], sender_key)
                 elif item == wake:
                     self._send_finished_replies()
                 elif self._refusals and item is self._refusals.monitor:
@@ -237,7 +255,8 @@ class RpcServer:
         listener = self._listeners.get(fd)
         if listener is not None:
             for sock in listener.accept():
-                connection = stream.ServerConnection(sock, self.max_message_size, self._secret)
+                connection = stream.ServerConnection(sock, self.max_message_size, self._secret,
+                                                     admits_tenants=bool(self._tenant_ops))
                 self._streams[connection.fd] = connection
             self._poll_items_stale = True
             return
@@ -321,8 +340,8 @@ class RpcServer:
                 return
             self._reply(peer, reply)
 
-    def _answer(self, peer: Any, header: list, bulk: list) -> None:
-        reply = self._dispatch(peer, header, bulk)
+    def _answer(self, peer: Any, header: list, bulk: list, sender_key: str | None = None) -> None:
+        reply = self._dispatch(peer, header, bulk, sender_key)
         if reply is not None:
             self._reply(peer, reply)
 
@@ -335,7 +354,8 @@ class RpcServer:
         if not peer.open or peer.interest != watched:
             self._poll_items_stale = True
 
-    def _dispatch(self, peer: Any, header: list, bulk: list[memoryview]) -> list | None:
+    def _dispatch(self, peer: Any, header: list, bulk: list[memoryview],
+                  sender_key: str | None = None) -> list | None:
         """Parse and route one request (``header``: its first frame, or none at all). Returns
         reply frames now, or None if a pool thread will."""
         request_id = None
@@ -357,6 +377,7 @@ class RpcServer:
             entry = self._handlers.get(header["op"])
             if entry is None:
                 raise UnknownOperation(f"unknown operation {header['op']!r}")
+            tenant = self._tenant_of(peer, header, sender_key) if self._tenant_ops else None
             timeout_ms = header.get("timeout_ms")
             timeout = timeout_ms / 1000.0 if isinstance(timeout_ms, (int, float)) else 3600.0
             request = Request(
@@ -365,6 +386,7 @@ class RpcServer:
                 frames=bulk,
                 deadline=time.monotonic() + timeout,
                 peer=peer,
+                tenant=tenant,
             )
         except MooncakeError as exc:
             return [_error_header(request_id, exc)]
@@ -375,6 +397,18 @@ class RpcServer:
             self._in_flight += 1
         self._pool.submit(self._run_in_pool, handler, request_id, request)
         return None
+
+    def _tenant_of(self, peer: Any, header: dict, sender_key: str | None) -> str | None:
+        """The tenant a request acts for (None: the cluster's credential); Unauthorized when a
+        tenant's credential asks for an op outside ``tenant_ops``."""
+        if isinstance(peer, stream.ServerConnection):
+            tenant = peer.tenant
+        else:
+            tenant = curve.sender(self._secret, sender_key or "", header.get("tenant"))
+        if tenant is not None and header["op"] not in self._tenant_ops:
+            raise Unauthorized(f"{header['op']}: the credential of tenant {tenant!r} does not allow "
+                               "this operation (it takes the cluster secret)")
+        return tenant
 
     def _run_in_pool(self, handler: Handler, request_id: int, request: Request) -> None:
         try:
@@ -415,6 +449,19 @@ def _recv_message(sock: zmq.Socket, router: bool) -> list:
     while sock.getsockopt(_RCVMORE):
         parts.append(sock.recv(copy=False))
     return parts
+
+
+def _recv_message_with_sender(sock: zmq.Socket) -> tuple[list, str]:
+    """:func:`_recv_message` of a ROUTER, and the ZAP User-Id its header frame came with: the
+    sender's CURVE public key (z85), which only a Frame, not a copy, still carries."""
+    parts = [sock.recv(_NOBLOCK)]
+    header = sock.recv(copy=False) if sock.getsockopt(_RCVMORE) else None
+    sender_key = header.get("User-Id") if header is not None else ""
+    if header is not None:
+        parts.append(header.bytes)
+    while sock.getsockopt(_RCVMORE):
+        parts.append(sock.recv(copy=False))
+    return parts, sender_key
 
 
 def _send(sock: zmq.Socket, parts: list) -> None:
@@ -465,7 +512,7 @@ class PendingCall:
 class _ZmqChannel:
     """A DEALER socket: what :class:`RpcClient` uses for tcp:// and ipc:// addresses."""
 
-    def __init__(self, context: zmq.Context, address: str, secret: ClusterSecret | None) -> None:
+    def __init__(self, context: zmq.Context, address: str, secret: Credential | None) -> None:
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         if secret:
@@ -516,11 +563,14 @@ class RpcClient:
         max_message_size: int | None = None,
         busy_poll: float = 0.0,
         context: zmq.Context | None = None,
-        secret: ClusterSecret | None = None,
+        secret: Credential | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
         self.secret = secret
+        # A tenant's credential names its tenant in every header: a ZeroMQ server derives from
+        # it the key the request must come with (transfer.rpc.curve.sender).
+        self._sender = {"tenant": secret.tenant} if secret is not None and secret.tenant is not None else {}
         self.max_message_size = max_message_size
         self._context = context or zmq.Context.instance()
         self._lock = threading.Lock()
@@ -571,7 +621,7 @@ class RpcClient:
         timeout = self.timeout if timeout is None else timeout
         request_id = next(self._ids)
         header = _pack({"id": request_id, "op": op, "args": args or {},
-                        "timeout_ms": int(timeout * 1000)})
+                        "timeout_ms": int(timeout * 1000), **self._sender})
         if self.max_message_size is not None:
             size = len(header) + sum(memoryview(f).nbytes for f in frames)
             if size > self.max_message_size:

@@ -18,6 +18,12 @@ it has no cluster secret), and a client answers with ``{"proof": HMAC-SHA256(sec
 missing proof gets an AUTHENTICATION_FAILED error (id nil) and the connection is closed; a right
 one ``{"auth": "ok"}``, which the client awaits before its first request. The
 socket file is 0600 in the 0700 run directory besides, so other users cannot even connect.
+
+A tenant client (:class:`transfer.auth.TenantCredential`) answers ``{"proof": HMAC-SHA256(tenant
+key, "mooncake-rpc" + nonce), "tenant": name}``; a server that admits tenants derives that
+tenant's key from the cluster secret, checks the proof, and binds the connection to the tenant
+(:attr:`ServerConnection.tenant`): every request on it acts for that tenant only. A server that
+does not admit tenants refuses such an answer.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Sequence
 
 import msgpack
 
-from transfer.auth import RPC_PURPOSE, ClusterSecret, new_nonce
+from transfer.auth import MAX_TENANT_NAME, RPC_PURPOSE, ClusterSecret, Credential, new_nonce
 from transfer.errors import AuthenticationFailed, MalformedMessage, RpcError, RpcTimeout, error_from_wire
 
 SCHEME = "unix://"
@@ -266,15 +272,18 @@ BACKLOG_LIMIT = 8 << 20
 class ServerConnection:
     """One accepted client on a server's I/O thread: its reader and the replies not yet sent."""
 
-    def __init__(self, sock: socket.socket, max_message_size: int, secret: ClusterSecret | None = None) -> None:
+    def __init__(self, sock: socket.socket, max_message_size: int, secret: Credential | None = None,
+                 admits_tenants: bool = False) -> None:
         self.socket = sock
         self.fd = sock.fileno()
         self.reader = MessageReader(body_limit(max_message_size))
         self.unsent: list[Buffer] = []
         self.open = True
         self._secret = secret
+        self._admits_tenants = admits_tenants and isinstance(secret, ClusterSecret)
         self._nonce = new_nonce() if secret else b""
         self.authenticated = secret is None
+        self.tenant: str | None = None  # the tenant whose credential it proved; None: the cluster's
         self.send([msgpack.packb({"auth": "hmac-sha256" if secret else None, "nonce": self._nonce})])
 
     def admit(self, message: list[memoryview] | Oversized) -> str | None:
@@ -285,7 +294,16 @@ class ServerConnection:
             answer = None
         if not isinstance(answer, dict) or "proof" not in answer:
             return "the client sent no proof of the cluster secret (it has none)"
-        if not self._secret.verify(RPC_PURPOSE, self._nonce, answer["proof"]):
+        tenant = answer.get("tenant")
+        if tenant is not None:
+            if not self._admits_tenants:
+                return "the client presents a tenant credential, which this daemon does not admit"
+            if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_NAME:
+                return "the client names no valid tenant"
+            if not self._secret.tenant_credential(tenant).verify(RPC_PURPOSE, self._nonce, answer["proof"]):
+                return f"the client's proof does not match the credential of tenant {tenant!r} (a wrong secret)"
+            self.tenant = tenant
+        elif not self._secret.verify(RPC_PURPOSE, self._nonce, answer["proof"]):
             return "the client's proof does not match the cluster secret (a wrong secret)"
         self.authenticated = True
         self.send([msgpack.packb({"auth": "ok"})])
@@ -343,7 +361,7 @@ class ServerConnection:
 class ClientChannel:
     """The client end: connects on first use, and again after the connection was lost."""
 
-    def __init__(self, address: str, max_message_size: int, secret: ClusterSecret | None = None) -> None:
+    def __init__(self, address: str, max_message_size: int, secret: Credential | None = None) -> None:
         self.address = address
         self.path = socket_path(address)
         self.max_message_size = max_message_size
@@ -402,7 +420,8 @@ class ClientChannel:
         if not isinstance(nonce, bytes):
             raise MalformedMessage(f"{op}: {self.address} sent a challenge without a nonce")
         try:
-            sock.sendall(encode([msgpack.packb({"proof": self.secret.proof(RPC_PURPOSE, nonce)})])[0])
+            tenant = {"tenant": self.secret.tenant} if self.secret.tenant is not None else {}
+            sock.sendall(encode([msgpack.packb({"proof": self.secret.proof(RPC_PURPOSE, nonce), **tenant})])[0])
         except OSError as exc:
             raise ConnectionLost(f"{op}: connection to {self.address} lost: {exc.strerror or exc}") from None
         verdict = self._read_greeting(sock, reader, op, deadline)

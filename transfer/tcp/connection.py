@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from transfer.batch import OpCode, Slice
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.auth import ClusterSecret
+from transfer.auth import Credential
 from transfer.tcp.wire import (MAX_GROUP, PeerClosed, Refused, ResponseReader, hello, request_group,
                                send_all, tune)
 from transfer.transport import SliceSink
@@ -30,7 +30,7 @@ _MAX_BYTES_PER_SEND = 8 << 20
 class Connection:
     def __init__(self, peer: SegmentDescriptor, nic: str, local_host: str | None,
                  remote: Endpoint, sink: SliceSink, handshake_timeout: float,
-                 on_dead: Callable[[Connection], None], secret: ClusterSecret | None = None) -> None:
+                 on_dead: Callable[[Connection], None], secret: Credential | None = None) -> None:
         self.peer, self.nic, self.local_host, self.remote = peer, nic, local_host, remote
         self._secret = secret
         self._sink, self._handshake_timeout, self._on_dead = sink, handshake_timeout, on_dead

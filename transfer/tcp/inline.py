@@ -14,7 +14,7 @@ import threading
 
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint, SegmentDescriptor
-from transfer.auth import ClusterSecret
+from transfer.auth import Credential
 from transfer.tcp.wire import MAX_GROUP, ResponseReader, hello, request_group, send_all, tune
 
 Move = tuple[OpCode, memoryview, int]  # (opcode, local bytes, remote address)
@@ -22,7 +22,7 @@ Move = tuple[OpCode, memoryview, int]  # (opcode, local bytes, remote address)
 
 class InlineLink:
     def __init__(self, peer: SegmentDescriptor, local_host: str | None, remote: Endpoint,
-                 handshake_timeout: float, io_timeout: float, secret: ClusterSecret | None = None) -> None:
+                 handshake_timeout: float, io_timeout: float, secret: Credential | None = None) -> None:
         """Connect and say hello; raises tcp_wire.Refused (stale peer), OSError or ConnectionError."""
         source = (local_host, 0) if local_host else None
         sock = socket.create_connection((remote.host, remote.port), timeout=handshake_timeout,

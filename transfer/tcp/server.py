@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from transfer.auth import TCP_DATA_PURPOSE, ClusterSecret, new_nonce
+from transfer.auth import TCP_DATA_PURPOSE, Credential, new_nonce
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint
 from transfer.errors import AddressNotRegistered
@@ -33,7 +33,7 @@ _DRAIN_CHUNK = 1 << 20
 
 class TcpTarget:
     def __init__(self, registry: MemoryRegistry, identity: Callable[[], tuple[str, str]],
-                 listen: list[tuple[str, str]], secret: ClusterSecret | None = None) -> None:
+                 listen: list[tuple[str, str]], secret: Credential | None = None) -> None:
         """``identity`` returns (segment name, incarnation); ``listen`` is (nic, host) pairs;
         ``secret``: when given, only initiators proving they hold it are served."""
         self._registry = registry
@@ -102,6 +102,12 @@ class TcpTarget:
             nonce = new_nonce()
             send_message(conn, {"nonce": nonce, "auth": self._secret is not None})
             hello = recv_message(conn)
+            if self._secret and hello.get("tenant") is not None:
+                # A grant from the master per replica range would let it in; until there is one,
+                # a tenant's credential would reach every tenant's bytes here.
+                self._refuse(conn, "a tenant's credential, which the TCP data plane does not admit yet "
+                             "(it cannot yet tell a tenant's own objects' addresses from others')")
+                return
             if self._secret and not self._secret.verify(TCP_DATA_PURPOSE, nonce, hello.get("proof")):
                 self._refuse(conn, "no proof of the cluster secret" if hello.get("proof") is None
                              else "a wrong proof of the cluster secret")

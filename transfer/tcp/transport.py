@@ -25,7 +25,7 @@ from transfer.sieve import SieveCache
 from transfer.tcp.connection import Connection
 from transfer.tcp.inline import InlineLink, Move
 from transfer.tcp.server import TcpTarget
-from transfer.auth import ClusterSecret
+from transfer.auth import Credential
 from transfer.tcp.wire import Refused
 from transfer.transport import SliceSink, Transport
 
@@ -38,7 +38,7 @@ class TcpTransport(Transport):
     def __init__(self, registry: MemoryRegistry, identity, sink: SliceSink, paths: PathSet,
                  nic_addresses: dict[str, str], listen: list[tuple[str, str]], *,
                  streams_per_path: int, pool_size: int, handshake_timeout: float,
-                 slice_timeout: float, secret: ClusterSecret | None = None) -> None:
+                 slice_timeout: float, secret: Credential | None = None) -> None:
         self._sink, self._paths, self._nic_addresses = sink, paths, dict(nic_addresses)
         self._streams = streams_per_path
         self._handshake_timeout, self._slice_timeout = handshake_timeout, slice_timeout

@@ -6,7 +6,10 @@ where proof is HMAC-SHA256(cluster secret, "mooncake-tcp-data" + nonce), and the
 ``{"ok", "error"}``. A target that has the cluster secret refuses a hello without the right proof:
 nobody without the secret reads or writes its registered memory. A fresh nonce per connection
 means a proof overheard on the wire cannot be replayed (a timestamped one could, until it
-expired, and would need synchronised clocks). A connection to a restarted peer is refused as
+expired, and would need synchronised clocks). An initiator holding a tenant's credential (not the
+cluster secret) names its tenant in the hello and proves the tenant key; targets refuse it for
+now: nothing yet limits a tenant to its own objects' addresses here (see :mod:`transfer.auth`).
+A connection to a restarted peer is refused as
 stale instead of writing at addresses that now mean something else. Then the initiator sends
 request *groups* and the target answers with response *frames*:
 
@@ -34,7 +37,7 @@ from collections.abc import Callable, Iterable
 
 import msgpack
 
-from transfer.auth import TCP_DATA_PURPOSE, ClusterSecret
+from transfer.auth import TCP_DATA_PURPOSE, Credential
 from transfer.batch import OpCode
 from transfer.descriptor import SegmentDescriptor
 
@@ -61,7 +64,7 @@ class Refused(ConnectionError):
     proof of the cluster secret is missing or wrong)."""
 
 
-def hello(sock: socket.socket, peer: SegmentDescriptor, secret: ClusterSecret | None) -> None:
+def hello(sock: socket.socket, peer: SegmentDescriptor, secret: Credential | None) -> None:
     """Answer the target's challenge with the hello naming the ``peer`` incarnation it means;
     Refused if the target is another one now or does not accept our proof."""
     challenge = recv_message(sock)
@@ -71,7 +74,8 @@ def hello(sock: socket.socket, peer: SegmentDescriptor, secret: ClusterSecret | 
     if challenge.get("auth") and secret is None:
         raise Refused(f"{peer.name} requires the cluster secret and this engine has none")
     proof = secret.proof(TCP_DATA_PURPOSE, nonce) if secret else None
-    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation, "proof": proof})
+    tenant = {"tenant": secret.tenant} if secret is not None and secret.tenant is not None else {}
+    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation, "proof": proof, **tenant})
     answer = recv_message(sock)
     if not answer.get("ok"):
         raise Refused(str(answer.get("error", "handshake refused")))
