@@ -315,7 +315,7 @@ class StoreService:
 
     def _set_tenant_quota(self, args: dict) -> dict:
         tenant = check_tenant(str_arg(args, "tenant"))
-        self.state.tenants.set_quota(tenant, int_arg(args, "quota"))
+        self.state.set_tenant_quota(tenant, int_arg(args, "quota"))
         log.info("tenant %s: quota set to %d bytes", tenant, self.state.tenants.quota(tenant))
         return views.tenant_row(self.state, tenant)
 

@@ -237,6 +237,11 @@ class MasterState(Membership, Tiering, Replication, Draining):
     def batch_remove(self, keys: list[str], now: float, force: bool = False) -> list[None | MooncakeError]:
         return [_attempt(self.remove, k, now, force) for k in keys]
 
+    def set_tenant_quota(self, tenant: str, quota: int) -> None:
+        """Set ``tenant``'s quota (0: unlimited) at run time; the op log keeps it for a successor."""
+        self.tenants.set_quota(tenant, quota)
+        self.journal.quota_set(tenant, quota)
+
     def remove_all(self, now: float, force: bool = False, tenant: str = DEFAULT_TENANT) -> int:
         """Remove every complete object of ``tenant`` with no lease (every complete one when
         forced). When no complete memory replica is left (of any tenant), one AllBlocksCleared

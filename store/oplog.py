@@ -3,8 +3,10 @@
 Design: one etcd key per live fact, holding its latest state, instead of an append log. Under
 ``mooncake-store/<cluster_id>/oplog/`` a mounted segment is ``segments/<segment id>`` (its spec
 and owner), a complete memory replica is ``replicas/<segment id>/<object key>`` (address, size,
-checksum), a disk replica is ``disk/<segment id>/<object key>`` (size, checksum) and an eviction
-victim handed to its owner to copy to disk is ``offloads/<object key>`` (its source replica).
+checksum), a disk replica is ``disk/<segment id>/<object key>`` (size, checksum), an eviction
+victim handed to its owner to copy to disk is ``offloads/<object key>`` (its source replica) and
+a tenant quota set at run time (``store.set_tenant_quota``) is ``quotas/<tenant>`` (its bytes:
+the settings' quotas are every master's own, a run-time one only the log's).
 PUT_END (and a finished promotion) writes a replica key; REMOVE, PUT_REVOKE, eviction and
 overwrite delete it; a reported (or re-reported) disk copy writes a disk key, and whatever drops
 the file deletes it; SEGMENT_UNMOUNT deletes the segment key and both its replica prefixes. Why not
@@ -41,6 +43,7 @@ SEGMENTS = "segments/"
 REPLICAS = "replicas/"
 DISK = "disk/"
 OFFLOADS = "offloads/"
+QUOTAS = "quotas/"
 
 
 def segment_key(segment_id: str) -> str:
@@ -104,6 +107,10 @@ class OpLogJournal(SegmentJournal):
             {"segment_id": segment_id, "address": address, "size": size, "checksum": checksum}))
         self._offloads.add(key)
 
+    def quota_set(self, tenant: str, quota: int) -> None:
+        super().quota_set(tenant, quota)
+        self._put(QUOTAS + quote(tenant, safe=""), json.dumps({"quota": quota}))
+
     def forget(self, segment_id: str) -> None:
         super().forget(segment_id)
         batch = self._batches[-1]
@@ -149,7 +156,9 @@ def replay(state, entries: dict[str, str], now: float) -> int:
     TTL with its objects, as for any silent client. Memory replicas come before disk ones, which
     would otherwise leave their object out of the LRU. Returns the number of objects rebuilt."""
     for key, value in entries.items():
-        if key.startswith(SEGMENTS):
+        if key.startswith(QUOTAS):
+            state.tenants.set_quota(unquote(key[len(QUOTAS):]), json.loads(value)["quota"])
+        elif key.startswith(SEGMENTS):
             record = json.loads(value)
             state.mount_segment(record["client_id"], Segment(**record["spec"]), now)
             state.clients[record["client_id"]].registered = False

@@ -64,6 +64,10 @@ class SegmentJournal:
         """The owner wrote (or re-reported) this file itself: it needs no news. A hook for the
         op log (:class:`store.oplog.OpLogJournal`), which must record it."""
 
+    def quota_set(self, tenant: str, quota: int) -> None:
+        """A tenant's quota was set at run time: no owner needs to hear of it. A hook for the op
+        log (:class:`store.oplog.OpLogJournal`), which must record it."""
+
     def forget(self, segment_id: str) -> None:
         """The segment was unmounted: its owner will not ask again."""
         self._logs.pop(segment_id, None)

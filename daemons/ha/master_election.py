@@ -24,7 +24,8 @@ from store.oplog import OpLogJournal, record_adopted
 from transfer.errors import NotLeader
 from transfer.etcd.kv import EtcdKV
 
-DURABLE_OPS = {"store.put_end", "store.batch_put_end"}
+# Answered only once etcd holds what they changed: a successor must not forget them.
+DURABLE_OPS = {"store.put_end", "store.batch_put_end", "store.set_tenant_quota"}
 
 
 class OpLogGate(LeaderGate):

@@ -176,3 +176,16 @@ def test_re_reported_files_are_logged_once_and_leave_with_their_segment():
     m.unmount_segment("c1", "s1", 2.0)
     flush(m, etcd)
     assert etcd == {}
+
+
+def test_a_quota_set_at_run_time_survives_a_failover_and_the_settings_quotas_stay_each_masters_own():
+    m, etcd = leader(), {}
+    m.set_tenant_quota("ay", 3 * KIB)
+    m.set_tenant_quota("odd/name=1", 0)  # quoted in its key, and 0 (unlimited) is a quota too
+    flush(m, etcd)
+    new = successor(etcd)
+    assert new.tenants.quotas == {"ay": 3 * KIB, "odd/name=1": 0}
+    assert new.tenants.room("ay") == 3 * KIB
+    m.set_tenant_quota("ay", KIB)  # the latest value wins: one key per tenant
+    flush(m, etcd)
+    assert successor(etcd).tenants.quota("ay") == KIB

@@ -54,3 +54,19 @@ def test_a_disk_copy_and_a_pending_hand_over_survive_a_takeover(etcd):
                 ("complete", "handed"), ("offload", "handed")]
     finally:
         writer.stop()
+
+
+def test_a_run_time_quota_reaches_etcd_and_the_successor(etcd):
+    kv = EtcdKV(etcd.endpoints)
+    kv.put(master_view_key(CLUSTER), LEADER)
+    writer = OpLogWriter(kv, CLUSTER, LEADER, timeout=5.0)
+    try:
+        leader = service(writer)
+        with leader.lock:
+            leader.state.set_tenant_quota("ay", 4096)
+        writer.wait_durable(writer.generation)
+        successor = service(writer)
+        writer.replay_into(successor, time.monotonic())
+        assert successor.state.tenants.quota("ay") == 4096
+    finally:
+        writer.stop()
