@@ -85,7 +85,7 @@ class MasterDaemon(Daemon):
         self.segment_descriptors = MetadataTable(self.config.metadata_max_entries)
         self.next_metadata_expiry = 0.0
         serve_metadata(server, self.segment_descriptors)
-        self.store = StoreService(self.config, self.kv_events)
+        self.store = StoreService(self.config, self.kv_events, self.secret)
         self.store.register(server)
         self.services = ServiceTable(max_entries=self.config.metadata_max_entries)
         self.services.register(server)

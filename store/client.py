@@ -297,7 +297,7 @@ class StoreClient:
             except MooncakeError as exc:
                 results[n] = exc
                 continue
-            requests.append(TransferRequest(opcode, address, handle, replica.address, size))
+            requests.append(TransferRequest(opcode, address, handle, replica.address, size, replica.grant))
             index.append(n)
         if sum(r.length for r in requests) <= INLINE_BYTES:
             outcomes = self.engine.transfer_now_many(requests)

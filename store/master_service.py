@@ -46,7 +46,8 @@ for that tenant only (:attr:`transfer.rpc.client_server.Request.tenant`). It may
 of :data:`TENANT_OPS` alone, on its own tenant's keys: naming another tenant, or asking
 ``inspect`` for anything but its own objects, is UNAUTHORIZED. Mounting segments, quotas,
 draining, copies, KV events (they list every tenant's keys) and the HA ops take the cluster
-secret.
+secret. Each memory replica a tenant's put or get is handed carries a grant
+(:mod:`transfer.grants`): a segment owner moves a tenant's bytes only inside granted ranges.
 
 The drain ops' answers are the dataclasses of :mod:`store.drain.messages`; the drain itself is
 described in :mod:`store.drain.state`.
@@ -79,12 +80,15 @@ from store.drain.messages import to_wire as drain_wire
 from store.errors import InvalidParams
 from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
-from store.objects import ClientStatus
+from store.objects import ClientStatus, ReplicaDescriptor, ReplicaTier
 from store.policy import StorePolicy
 from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
+from transfer import grants
+from transfer.auth import ClusterSecret
+from transfer.batch import OpCode
 from transfer.errors import Unauthorized
 from transfer.rpc.client_server import Request, RpcServer
 from transfer.settings import Config
@@ -100,11 +104,17 @@ TENANT_STORE_OPS = frozenset({
 TENANT_OPS = frozenset({f"store.{op}" for op in TENANT_STORE_OPS} | {"te.meta.get", "health"})
 # inspect's views that show a tenant nothing but its own keys
 TENANT_INSPECT = ("objects", "key")
+# The ops whose replicas a tenant is granted, and for what
+GRANTED_OPS = {"put_start": OpCode.WRITE, "upsert_start": OpCode.WRITE, "batch_put_start": OpCode.WRITE,
+               "batch_upsert_start": OpCode.WRITE, "get_replica_list": OpCode.READ,
+               "batch_get_replica_list": OpCode.READ}
 
 
 class StoreService:
-    def __init__(self, config: Config, publisher: KvEventPublisher | None = None) -> None:
+    def __init__(self, config: Config, publisher: KvEventPublisher | None = None,
+                 secret: ClusterSecret | None = None) -> None:
         self.state = MasterState(StorePolicy.from_config(config))
+        self.secret = secret  # signs tenants' grants (transfer.grants)
         self.max_batch_keys = config.store_max_batch_keys
         self.lock = threading.Lock()
         self.publisher = publisher  # None: events are recorded and dropped
@@ -141,10 +151,33 @@ class StoreService:
                 _check_tenant_request(op, request)
             with self.lock:
                 try:
-                    return handler(request.args, time.monotonic())
+                    result = handler(request.args, time.monotonic())
                 finally:  # an op that failed half way may have changed something
                     self._hand_over_events()
+            if request.tenant is not None and op in GRANTED_OPS and self.secret is not None:
+                return self._granted(result, GRANTED_OPS[op], time.time())
+            return result
         return run
+
+    def _granted(self, result: Any, opcode: OpCode, now: float) -> Any:
+        """``result`` with a grant on each memory replica in it (any nesting of lists and maps:
+        single and batch answers alike). A read's lasts its lease, a write's as long as a put
+        may hold its range (store.policy)."""
+        policy = self.state.policy
+        expiry = now + (policy.lease_ttl if opcode == OpCode.READ else policy.put_start_discard_timeout)
+
+        def grant(value: Any) -> Any:
+            if isinstance(value, ReplicaDescriptor):
+                if value.tier != ReplicaTier.MEMORY.value:
+                    return value
+                return value._replace(grant=grants.issue(self.secret, value.segment_name, opcode,
+                                                         value.address, value.size, expiry))
+            if isinstance(value, list):
+                return [grant(v) for v in value]
+            if isinstance(value, dict):
+                return {k: grant(v) for k, v in value.items()}
+            return value
+        return grant(result)
 
     def _hand_over_events(self) -> None:
         """Under the lock: what the state recorded since the last call, to the publisher."""

@@ -79,6 +79,8 @@ class ReplicaDescriptor(NamedTuple):
     address: int
     size: int
     tier: str = ReplicaTier.MEMORY.value  # for DISK, ``endpoint`` is the owner's disk_endpoint
+    # For a tenant's client, the master's leave to move this range (transfer.grants); else empty.
+    grant: bytes = b""
 
 
 @dataclass(frozen=True)

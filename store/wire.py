@@ -121,14 +121,15 @@ def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
     so, with no conversion on the master's side. Checked field by field without a loop: a
     batch answer carries one per object."""
     try:
-        segment_id, segment_name, endpoint, host, address, size, tier = data
+        segment_id, segment_name, endpoint, host, address, size, tier, grant = data
     except (TypeError, ValueError):
         raise InvalidParams(f"replica must be an array of {len(ReplicaDescriptor._fields)} fields") from None
     # Exact types: a bool is no address.
     if not (type(segment_id) is str and type(segment_name) is str and type(endpoint) is str
-            and type(host) is str and type(address) is int and type(size) is int and type(tier) is str):
+            and type(host) is str and type(address) is int and type(size) is int and type(tier) is str
+            and type(grant) is bytes):
         raise InvalidParams(f"replica fields have the wrong types: {data!r:.200}")
-    return ReplicaDescriptor(segment_id, segment_name, endpoint, host, address, size, tier)
+    return ReplicaDescriptor(segment_id, segment_name, endpoint, host, address, size, tier, grant)
 
 
 def replica_list_to_wire(replicas: ReplicaList) -> dict:

@@ -102,6 +102,12 @@ class ClusterSecret:
     def _derive(self, label: bytes) -> bytes:
         return _hmac(self._key, label)
 
+    @functools.cached_property
+    def grant_key(self) -> bytes:
+        """What the master signs data-plane grants with and segment owners check them by
+        (:mod:`transfer.grants`)."""
+        return self._derive(b"mooncake-data-grant")
+
     def tenant_credential(self, tenant: str) -> TenantCredential:
         """``tenant``'s credential, derived from the secret (a checked tenant name)."""
         credential = self._tenants.get(tenant)

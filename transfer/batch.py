@@ -49,6 +49,9 @@ class TransferRequest:
     target_id: int
     target_offset: int
     length: int
+    # The master's grant for the target range (transfer.grants), which an engine holding a
+    # tenant's credential sends along; empty for one holding the cluster secret.
+    grant: bytes = b""
 
 
 @dataclass(frozen=True)

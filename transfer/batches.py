@@ -196,7 +196,7 @@ class BatchMixin:
                 _, _, positions, moves = by_peer.setdefault(
                     (peer.name, local.location), (transport, peer, [], []))
                 positions.append(n)
-                moves.append((request.opcode, local_view, request.target_offset))
+                moves.append((request.opcode, local_view, request.target_offset, request.grant))
                 continue
             try:
                 view = views.get(remote.shm_name)

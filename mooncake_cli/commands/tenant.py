@@ -2,7 +2,8 @@
 quotas and their credentials.
 
 A tenant is a key namespace with a memory quota (see store.tenants). The quotas the master starts
-with are the tenant_quotas and default_tenant_quota settings; `quota` changes one at run time.
+with are the tenant_quotas and default_tenant_quota settings; `quota` changes one at run time
+(logged in the HA op log, store.oplog).
 `credential` derives a tenant's credential from the cluster secret (transfer.auth), on this host,
 without asking any daemon.
 """
@@ -70,7 +71,8 @@ def quota(
 ) -> None:
     """Set a tenant's quota on the running master.
 
-    It lasts until the master restarts (the settings give the quotas it starts with). A tenant
+    With HA (etcd) the op log keeps it for a new leader; a master without HA forgets it when it
+    restarts (the settings give the quotas it starts with). A tenant
     already above its new quota loses its least recently used objects on the master's next
     eviction pass; puts past it fail with TENANT_QUOTA_EXCEEDED (code -1700)."""
     try:

@@ -44,12 +44,17 @@ def _credential(mooncake, tenant: str) -> str:
 
 @pytest.fixture(scope="module")
 def objects(cluster):
-    """``same`` in tenants red and blue, put with the cluster secret (tenant clients cannot move
-    bytes yet: the TCP data plane refuses their credentials)."""
-    mooncake, _ = cluster
+    """``same`` in tenants red and blue, each put by a client holding its tenant's credential
+    (over TCP: never shared memory, which one tenant's process could map for another's)."""
+    mooncake, paths = cluster
     for tenant in ("red", "blue"):
-        with client_for(mooncake.workdir, tenant=tenant) as admin:
-            admin.put("same", value_for(f"{tenant}/same", 4096))
+        with StoreClient(daemon_address(paths, "master"),
+                         config_for(mooncake.workdir, tenant_credential=_credential(mooncake, tenant))) as client:
+            assert client.master.tenant == tenant and "shm" not in client.engine.status()["transports"]
+            client.put("same", value_for(f"{tenant}/same", 4096))
+            client.put("big", value_for(f"{tenant}/big", 3 << 19))  # a batch of slices, not inline
+            assert client.get("same") == value_for(f"{tenant}/same", 4096)
+            assert client.get("big") == value_for(f"{tenant}/big", 3 << 19)
 
 
 def _tenant_master(address: str, credential: str, client_id: str) -> MasterClient:
@@ -65,7 +70,7 @@ def test_a_tenant_credential_reaches_only_its_own_keys(cluster, objects, transpo
     with closing(_tenant_master(address, red_credential, "red")) as red:
         assert red.tenant == "red"  # the credential names it
         assert red.exists("same") and red.batch_exists(["same", "other"]) == [True, False]
-        assert [o["key"] for o in red.inspect("objects")] == ["same"]
+        assert sorted(o["key"] for o in red.inspect("objects")) == ["big", "same"]
         assert red.inspect("key", "same")["tenant"] == "red"
         assert red.get_replica_list("same").replicas
 
@@ -94,18 +99,34 @@ def test_a_tenant_credential_reaches_only_its_own_keys(cluster, objects, transpo
             assert admin.exists("same") and admin.inspect("tenants")
 
 
-def test_a_tenant_cannot_read_another_tenants_bytes_by_their_address(cluster, objects):
+def test_a_tenant_cannot_move_another_tenants_bytes_by_their_address(cluster, objects):
     mooncake, paths = cluster
     with client_for(mooncake.workdir, tenant="blue") as admin:
-        blue_replica = admin.master.get_replica_list("same").replicas[0]
+        blue_same, blue_big = (admin.master.get_replica_list(key).replicas[0] for key in ("same", "big"))
     with StoreClient(daemon_address(paths, "master"),
                      config_for(mooncake.workdir, tenant_credential=_credential(mooncake, "red"))) as red:
-        assert "shm" not in red.engine.status()["transports"]  # shared memory is one OS user's
-        view, local = red._staging(4096)
-        handle = red.engine.open_segment(blue_replica.segment_name)
-        with pytest.raises(TransferFailed, match="does not admit"):
-            red.engine.transfer_sync([TransferRequest(OpCode.READ, local, handle, blue_replica.address, 4096)])
-        assert bytes(view[:4096]) != value_for("blue/same", 4096)
+        red_same = red.master.get_replica_list("same").replicas[0]  # granted: a READ of red's own range
+        view, local = red._staging(3 << 19)
+        handle = red.engine.open_segment(blue_same.segment_name)
+        forged = [
+            TransferRequest(OpCode.READ, local, handle, blue_same.address, 4096),  # no grant
+            TransferRequest(OpCode.READ, local, handle, blue_same.address, 4096, red_same.grant),  # red's
+            TransferRequest(OpCode.WRITE, local, handle, red_same.address, 4096, red_same.grant),  # a READ's
+            TransferRequest(OpCode.READ, local, handle, red_same.address, 8192, red_same.grant),  # past it
+            TransferRequest(OpCode.READ, local, handle, blue_big.address, 3 << 19, red_same.grant),  # a batch
+            TransferRequest(OpCode.READ, local, handle, blue_same.address, 4096,
+                            red_same.grant[:-1] + bytes([red_same.grant[-1] ^ 1])),  # tampered
+        ]
+        for request in forged:
+            with pytest.raises(TransferFailed, match="code -911"):
+                red.engine.transfer_sync([request])
+            outcome = red.engine.transfer_now_many([request])[0]
+            assert outcome is False or "code -911" in str(outcome)
+        assert value_for("blue/same", 4096) not in bytes(view)
+        red.engine.transfer_sync([TransferRequest(OpCode.READ, local, handle, red_same.address, 4096, red_same.grant)])
+        assert bytes(view[:4096]) == value_for("red/same", 4096)
+    with client_for(mooncake.workdir, tenant="blue") as admin:
+        assert admin.get("same") == value_for("blue/same", 4096)  # never overwritten
 
 
 def test_an_explicit_tenant_that_disagrees_with_the_credential_is_an_error(cluster):

@@ -33,6 +33,9 @@ class Connection:
                  on_dead: Callable[[Connection], None], secret: Credential | None = None) -> None:
         self.peer, self.nic, self.local_host, self.remote = peer, nic, local_host, remote
         self._secret = secret
+        # A tenant's credential moves only the ranges the master granted: each group carries
+        # the grants of its slices (transfer.grants); the cluster secret's needs none.
+        self._sends_grants = secret is not None and secret.tenant is not None
         self._sink, self._handshake_timeout, self._on_dead = sink, handshake_timeout, on_dead
         self._cv = threading.Condition()
         self._queue: deque[Slice] = deque()
@@ -152,8 +155,9 @@ class Connection:
                 group.append((slice_id, piece))
                 size += piece.length
             sock = self._sock
-        parts = request_group((piece.opcode, slice_id, piece.remote_address, piece.local)
-                              for slice_id, piece in group)
+        grants = b"".join({piece.task.request.grant: None for _, piece in group}) if self._sends_grants else b""
+        parts = request_group(((piece.opcode, slice_id, piece.remote_address, piece.local)
+                               for slice_id, piece in group), grants)
         send_all(sock, parts, self._touch)  # type: ignore[arg-type]
         return True
 

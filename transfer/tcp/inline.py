@@ -17,7 +17,7 @@ from transfer.descriptor import Endpoint, SegmentDescriptor
 from transfer.auth import Credential
 from transfer.tcp.wire import MAX_GROUP, ResponseReader, hello, request_group, send_all, tune
 
-Move = tuple[OpCode, memoryview, int]  # (opcode, local bytes, remote address)
+Move = tuple[OpCode, memoryview, int, bytes]  # (opcode, local bytes, remote address, grant)
 
 
 class InlineLink:
@@ -35,13 +35,15 @@ class InlineLink:
             sock.close()
             raise
         self._sock = sock
+        # A tenant's credential sends the master's grant for each range (transfer.grants).
+        self._sends_grants = secret is not None and secret.tenant is not None
         self._reader = ResponseReader()
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
 
     def move(self, moves: list[Move]) -> list[int]:
-        """Move each (opcode, local, remote address); the target's status per move (0: done).
+        """Move each (opcode, local, remote address, grant); the target's status per move (0: done).
         Groups go one at a time: the target sends READ data only after reading a whole group,
         so a second group in flight could fill both directions' buffers at once."""
         with self._lock:
@@ -66,8 +68,9 @@ class InlineLink:
                     self._sock.close()
 
     def _move_group(self, group: list[Move]) -> list[int]:
-        send_all(self._sock, request_group((op, n, address, local)
-                                           for n, (op, local, address) in enumerate(group)))
+        grants = b"".join({move[3]: None for move in group}) if self._sends_grants else b""
+        send_all(self._sock, request_group(((op, n, address, local)
+                                            for n, (op, local, address, _) in enumerate(group)), grants))
         statuses: list[int | None] = [None] * len(group)
         waiting = len(group)
 

@@ -6,6 +6,11 @@ for the group's WRITEs, one gather ``sendmsg`` of views for its READs (see tcp_w
 acks go out at the end of the group and every ``ACK_INTERVAL`` while it lasts, so a burst of
 small slices costs one ack syscall, not one each, and a long one on a slow path still shows
 progress.
+
+A connection whose initiator proved a tenant's credential (not the cluster secret) is served
+only inside the ranges of the master's grants it sent with its groups (:mod:`transfer.grants`);
+any other request of it is answered UNAUTHORIZED and moves nothing. A target holding the cluster
+secret checks those; one holding a tenant's credential admits no tenant connection at all.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from transfer.auth import TCP_DATA_PURPOSE, Credential, new_nonce
+from transfer.auth import MAX_TENANT_NAME, TCP_DATA_PURPOSE, ClusterSecret, Credential, new_nonce
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint
-from transfer.errors import AddressNotRegistered
+from transfer.errors import AddressNotRegistered, Unauthorized
+from transfer.grants import TOKEN_BYTES, GrantedRanges
 from transfer.memory import MemoryRegistry
 from transfer.rpc.log_throttle import LogThrottle
 from transfer.tcp.wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
@@ -102,23 +108,25 @@ class TcpTarget:
             nonce = new_nonce()
             send_message(conn, {"nonce": nonce, "auth": self._secret is not None})
             hello = recv_message(conn)
-            if self._secret and hello.get("tenant") is not None:
-                # A grant from the master per replica range would let it in; until there is one,
-                # a tenant's credential would reach every tenant's bytes here.
-                self._refuse(conn, "a tenant's credential, which the TCP data plane does not admit yet "
-                             "(it cannot yet tell a tenant's own objects' addresses from others')")
-                return
-            if self._secret and not self._secret.verify(TCP_DATA_PURPOSE, nonce, hello.get("proof")):
+            name, incarnation = self._identity()
+            tenant = hello.get("tenant")
+            granted = None  # the cluster secret's connections move any registered range
+            if self._secret and tenant is not None:
+                reason = self._tenant_refusal(tenant, nonce, hello.get("proof"))
+                if reason:
+                    self._refuse(conn, reason)
+                    return
+                granted = GrantedRanges(self._secret, name)  # type: ignore[arg-type]
+            elif self._secret and not self._secret.verify(TCP_DATA_PURPOSE, nonce, hello.get("proof")):
                 self._refuse(conn, "no proof of the cluster secret" if hello.get("proof") is None
                              else "a wrong proof of the cluster secret")
                 return
-            name, incarnation = self._identity()
             if hello.get("segment") != name or hello.get("incarnation") != incarnation:
                 send_message(conn, {"ok": False, "error": f"stale: {name} is now incarnation {incarnation}"})
                 return
             send_message(conn, {"ok": True})
             conn.settimeout(None)
-            self._serve_requests(conn)
+            self._serve_requests(conn, granted)
         except (OSError, ConnectionError, ValueError) as exc:
             log.debug("tcp target connection ended: %s", exc)
         finally:
@@ -126,30 +134,52 @@ class TcpTarget:
                 self._connections.discard(conn)
             conn.close()
 
+    def _tenant_refusal(self, tenant: object, nonce: bytes, proof: object) -> str:
+        """Why a hello naming ``tenant`` is refused, or "" when its proof holds."""
+        if not isinstance(self._secret, ClusterSecret):
+            return "a tenant's credential, which only a target holding the cluster secret admits"
+        if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_NAME:
+            return "no valid tenant name"
+        if not self._secret.tenant_credential(tenant).verify(TCP_DATA_PURPOSE, nonce, proof):
+            return f"a wrong proof of the credential of tenant {tenant!r}"
+        return ""
+
     def _refuse(self, conn: socket.socket, reason: str) -> None:
         self.num_refused += 1
         peer = _peer_host(conn)
         self._refusals.warning((peer, reason), "refused a TCP data connection from %s: %s", peer, reason)
         send_message(conn, {"ok": False, "error": f"refused: {reason}"})
 
-    def _serve_requests(self, conn: socket.socket) -> None:
+    def _serve_requests(self, conn: socket.socket, granted: GrantedRanges | None) -> None:
+        """``granted``: for a tenant's connection, the ranges its grants let it move."""
         group = bytearray(GROUP.size)
         headers = memoryview(bytearray(MAX_GROUP * REQUEST.size))
         scratch: memoryview | None = None  # where refused WRITE payloads are drained
         while True:
             recv_exact(conn, memoryview(group))
-            (count,) = GROUP.unpack(group)
+            count, grant_bytes = GROUP.unpack(group)
             if not 0 < count <= MAX_GROUP:
                 raise ConnectionError(f"request group of {count} requests")
+            if grant_bytes > MAX_GROUP * TOKEN_BYTES:
+                raise ConnectionError(f"request group with {grant_bytes} bytes of grants")
             block = headers[:count * REQUEST.size]
             recv_exact(conn, block)
+            if grant_bytes:
+                tokens = bytearray(grant_bytes)
+                recv_exact(conn, memoryview(tokens))
+                if granted is not None:
+                    granted.add(bytes(tokens), time.time())
             views: list[memoryview] = []  # WRITE payload destinations, in stream order
             writes: list[tuple[bytes, int]] = []  # (ack, end index in views)
             reads: list[bytes] = []
             read_payloads: list[memoryview] = []
             last = [None]
+            now = time.time() if granted is not None else 0.0
             for op, slice_id, address, length in REQUEST.iter_unpack(block):
-                target, status = self._resolve(address, length, last)
+                if granted is not None and not granted.covers(op, address, length, now):
+                    target, status = None, Unauthorized.code
+                else:
+                    target, status = self._resolve(address, length, last)
                 if op == OpCode.WRITE:
                     if target is not None:
                         views.append(target)

@@ -7,13 +7,14 @@ where proof is HMAC-SHA256(cluster secret, "mooncake-tcp-data" + nonce), and the
 nobody without the secret reads or writes its registered memory. A fresh nonce per connection
 means a proof overheard on the wire cannot be replayed (a timestamped one could, until it
 expired, and would need synchronised clocks). An initiator holding a tenant's credential (not the
-cluster secret) names its tenant in the hello and proves the tenant key; targets refuse it for
-now: nothing yet limits a tenant to its own objects' addresses here (see :mod:`transfer.auth`).
-A connection to a restarted peer is refused as
-stale instead of writing at addresses that now mean something else. Then the initiator sends
-request *groups* and the target answers with response *frames*:
+cluster secret) names its tenant in the hello and proves the tenant key; a target serves it only
+inside the ranges of the master's grants the initiator sent (:mod:`transfer.grants`). A
+connection to a restarted peer is refused as stale instead of writing at addresses that now
+mean something else. Then the initiator sends request *groups* and the target answers with
+response *frames*:
 
-    group = GROUP (count) + count x REQUEST (op, slice id, remote address, length)
+    group = GROUP (count, grant bytes) + count x REQUEST (op, slice id, remote address, length)
+            + the grants for the group's ranges (a tenant's initiator only; none: 0 bytes)
             + the payloads of the group's WRITEs, in request order
     frame = FRAME (kind, count) + count x RESPONSE (status, slice id, length)
             [+ for kind READ_DATA: the payloads of the frame's successful READs, in order]
@@ -43,7 +44,7 @@ from transfer.descriptor import SegmentDescriptor
 
 REQUEST = struct.Struct("<B7xQQQ")
 RESPONSE = struct.Struct("<qQQ")
-GROUP = struct.Struct("<I4x")
+GROUP = struct.Struct("<II")
 FRAME = struct.Struct("<B3xI")
 ACKS, READ_DATA = 0, 1
 MAX_GROUP = 256  # requests per group (and responses per frame)
@@ -81,14 +82,14 @@ def hello(sock: socket.socket, peer: SegmentDescriptor, secret: Credential | Non
         raise Refused(str(answer.get("error", "handshake refused")))
 
 
-def request_group(requests: Iterable[tuple[int, int, int, memoryview]]) -> list:
-    """The parts of one request group for :func:`send_all`: its header block, then its WRITE
-    payloads (views, not copies). Each request is (opcode, slice id, remote address, local
-    bytes); at most MAX_GROUP of them."""
+def request_group(requests: Iterable[tuple[int, int, int, memoryview]], grants: bytes = b"") -> list:
+    """The parts of one request group for :func:`send_all`: its header block, the ``grants``
+    its ranges need (concatenated tokens), then its WRITE payloads (views, not copies). Each
+    request is (opcode, slice id, remote address, local bytes); at most MAX_GROUP of them."""
     requests = list(requests)
     header = bytearray(GROUP.size + len(requests) * REQUEST.size)
-    GROUP.pack_into(header, 0, len(requests))
-    parts: list = [header]
+    GROUP.pack_into(header, 0, len(requests), len(grants))
+    parts: list = [header, grants] if grants else [header]
     for i, (opcode, slice_id, address, local) in enumerate(requests):
         REQUEST.pack_into(header, GROUP.size + i * REQUEST.size, opcode, slice_id, address, len(local))
         if opcode == OpCode.WRITE:
