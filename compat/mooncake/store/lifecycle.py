@@ -19,7 +19,11 @@ TransferEngine to share) is accepted for the signature; our client keeps its own
 SGLang's SSD offload and client HTTP server keywords, which the original added later: SGLang
 passes them when setup takes them, and our SSD tier is a master setting. ``tenant_id`` (also a
 key of ``setup(dict)``) is honoured: every call of the store acts on that tenant's keys and
-counts against its quota, as in the original.
+counts against its quota, as in the original. Given a tenant credential in the environment
+(``MOONCAKE_TENANT_CREDENTIAL``, see ``mooncake tenant credential``) instead of the cluster
+secret, the store acts for the credential's tenant alone (``tenant_id`` may be left out; another
+one fails the setup), contributes no segment (``global_segment_size`` 0) and moves its bytes
+over TCP.
 """
 
 from __future__ import annotations
