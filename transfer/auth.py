@@ -23,8 +23,8 @@ proof. Its text form, which ``mooncake tenant credential NAME`` prints, is
     mooncake-tenant-1:<tenant key, 64 hex>:<the daemons' CURVE public key, 40 z85>:<tenant>
 
 (fixed widths up to the name, so any printable name parses). The daemons' public key is in it
-because a CURVE client must know its server's key, and a tenant cannot derive it: it is not
-secret, CURVE keeps it out of nobody's reach. See :mod:`transfer.rpc.curve` and
+because a CURVE client must know its server's key, and a tenant cannot derive it (a public key,
+no secret: what admits a client is its own key). See :mod:`transfer.rpc.curve` and
 :mod:`transfer.rpc.stream` for how servers bind a connection to the tenant it proved.
 """
 
@@ -34,6 +34,7 @@ import functools
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -46,7 +47,8 @@ RPC_PURPOSE = b"mooncake-rpc"
 TCP_DATA_PURPOSE = b"mooncake-tcp-data"
 TENANT_LABEL = b"mooncake-tenant:"
 CREDENTIAL_PREFIX = "mooncake-tenant-1:"
-_KEY_HEX, _Z85_KEY = 64, 40
+# The key (hex) and the daemons' public key (z85, whose alphabet has ':') have fixed widths.
+_CREDENTIAL = re.compile(re.escape(CREDENTIAL_PREFIX) + r"([0-9a-f]{64}):(.{40}):(.+)", re.DOTALL)
 # Longest tenant name a server derives a key for (store.tenants allows no longer one).
 MAX_TENANT_NAME = 128
 # Tenant credentials a server derived, by name: bounded, since any peer may name any tenant.
@@ -144,23 +146,14 @@ class TenantCredential:
 
     @classmethod
     def parse(cls, text: str) -> TenantCredential:
-        text = text.strip()
-        body = text[len(CREDENTIAL_PREFIX):]
-        key_hex, server_key, tenant = body[:_KEY_HEX], body[_KEY_HEX + 1:_KEY_HEX + 1 + _Z85_KEY], \
-            body[_KEY_HEX + _Z85_KEY + 2:]
-        try:
-            if (not text.startswith(CREDENTIAL_PREFIX) or body[_KEY_HEX:_KEY_HEX + 1] != ":"
-                    or body[_KEY_HEX + 1 + _Z85_KEY:_KEY_HEX + 2 + _Z85_KEY] != ":" or not tenant
-                    or len(server_key) != _Z85_KEY):
-                raise ValueError(text)
-            key = bytes.fromhex(key_hex)
-            if len(key) != _KEY_HEX // 2:
-                raise ValueError(text)
-        except ValueError:
+        """The credential :attr:`text` wrote; SettingError (never quoting it) for anything else."""
+        match = _CREDENTIAL.fullmatch(text.strip())
+        if match is None:
             raise SettingError("tenant_credential", "(hidden)",
                                f"a credential of the form {CREDENTIAL_PREFIX}KEY:SERVERKEY:TENANT, as "
-                               "`mooncake tenant credential NAME` prints it") from None
-        return cls(tenant, key, server_key.encode())
+                               "`mooncake tenant credential NAME` prints it")
+        key_hex, server_key, tenant = match.groups()
+        return cls(tenant, bytes.fromhex(key_hex), server_key.encode())
 
     @property
     def text(self) -> str:
