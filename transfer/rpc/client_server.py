@@ -672,6 +672,8 @@ class RpcClient:
         secret looks like a dead daemon: say which it may be."""
         if isinstance(self._channel, stream.ClientChannel):
             return ""
+        if self.secret and self.secret.tenant is not None:
+            return " (a tenant credential reaches the master alone: is this the master, and the credential right?)"
         if self.secret:
             return " (is the cluster secret right?)"
         return " (is it down, or does it require a cluster secret this client lacks?)"
