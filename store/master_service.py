@@ -132,6 +132,7 @@ class StoreService:
 
     def tick(self, now: float) -> None:
         with self.lock:
+            self.state.release_quarantined(now)
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
             self.state.expire_drains(now)
@@ -146,30 +147,38 @@ class StoreService:
             return {"store": views.counters_view(self.state)}
 
     def _locked(self, op: str, handler: Callable[[dict, float], Any]) -> Callable[[Request], Any]:
+        granting = GRANTED_OPS.get(op)
+
         def run(request: Request) -> Any:
             if request.tenant is not None:
                 _check_tenant_request(op, request)
             with self.lock:
+                now = time.monotonic()
                 try:
-                    result = handler(request.args, time.monotonic())
+                    result = handler(request.args, now)
+                    if request.tenant is not None and granting is not None and self.secret is not None:
+                        # Under the lock: the ranges are quarantined before anyone can free them.
+                        result = self._granted(result, granting, now)
                 finally:  # an op that failed half way may have changed something
                     self._hand_over_events()
-            if request.tenant is not None and op in GRANTED_OPS and self.secret is not None:
-                return self._granted(result, GRANTED_OPS[op], time.time())
             return result
         return run
 
     def _granted(self, result: Any, opcode: OpCode, now: float) -> Any:
         """``result`` with a grant on each memory replica in it (any nesting of lists and maps:
-        single and batch answers alike). A read's lasts its lease, a write's as long as a put
-        may hold its range (store.policy)."""
+        single and batch answers alike), each range kept from reuse while its grant is valid
+        (store.grant_quarantine). A read's grant lasts its lease, a write's as long as a put may
+        hold its range (store.policy)."""
         policy = self.state.policy
-        expiry = now + (policy.lease_ttl if opcode == OpCode.READ else policy.put_start_discard_timeout)
+        lifetime = policy.lease_ttl if opcode == OpCode.READ else policy.put_start_discard_timeout
+        expiry = time.time() + lifetime
+        quarantine = self.state.quarantine
 
         def grant(value: Any) -> Any:
             if isinstance(value, ReplicaDescriptor):
                 if value.tier != ReplicaTier.MEMORY.value:
                     return value
+                quarantine.granted(value.segment_id, value.address, now + lifetime)
                 return value._replace(grant=grants.issue(self.secret, value.segment_name, opcode,
                                                          value.address, value.size, expiry))
             if isinstance(value, list):

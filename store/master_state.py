@@ -33,6 +33,7 @@ from store.events.recorder import EventLog
 from store.errors import (IllegalClient, InvalidParams, MooncakeError, NoAvailableHandle,
                           ObjectAlreadyExists, ObjectHasLease, ObjectNotFound, ReplicaIsNotReady,
                           TenantQuotaExceeded)
+from store.grant_quarantine import GrantQuarantine
 from store.eviction import eviction_candidates
 from store.membership import Membership
 from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, ReplicaList,
@@ -71,6 +72,8 @@ class MasterState(Membership, Tiering, Replication, Draining):
         self.kv_events = EventLog()
         # Segments being drained, by id: closed to new replicas (store.drain.state).
         self.drains: dict[str, Drain] = {}
+        # Freed ranges a tenant may still hold a grant on: not reused until it expired.
+        self.quarantine = GrantQuarantine()
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,
@@ -405,6 +408,7 @@ class MasterState(Membership, Tiering, Replication, Draining):
     def _allocate(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
                   order: list[SegmentState]) -> list[ReplicaDescriptor]:
         tenant = tenant_of(key)
+        self.release_quarantined(now)
         self._make_quota_room(tenant, key, size, config.replica_num, now)
         replicas: list[Replica] = []
         while True:
@@ -545,9 +549,16 @@ class MasterState(Membership, Tiering, Replication, Draining):
         return address
 
     def _return_range(self, key: str, replica: Replica, size: int) -> None:
-        """Free the memory range ``replica`` of ``key`` (``size`` bytes), uncharged from its tenant."""
-        self.segments[replica.segment_id].allocator.free(replica.address)
+        """Free the memory range ``replica`` of ``key`` (``size`` bytes), uncharged from its tenant
+        (a range a tenant may still hold a grant on is freed once that expired: store.grant_quarantine)."""
+        if not self.quarantine.hold(replica.segment_id, replica.address):
+            self.segments[replica.segment_id].allocator.free(replica.address)
         self.tenants.release(tenant_of(key), size)
+
+    def release_quarantined(self, now: float) -> None:
+        """Free the quarantined ranges whose grants have expired by ``now``."""
+        for segment_id, address in self.quarantine.released(now):
+            self.segments[segment_id].allocator.free(address)
 
     def _block_bytes(self, replica: Replica) -> int:
         return self.segments[replica.segment_id].allocator.allocated_size(replica.address)

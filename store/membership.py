@@ -198,6 +198,7 @@ class Membership:
             if any(r.segment_id == segment.segment_id for r in obj.copying):
                 self._abandon_copy(obj)  # a copy that cannot complete: free its other targets
         del self.segments[segment.segment_id]
+        self.quarantine.forget_segment(segment.segment_id)
         self.journal.forget(segment.segment_id)
         client = self.clients.get(segment.client_id)
         if client is not None:

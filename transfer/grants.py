@@ -11,12 +11,12 @@ tenant's request only inside a range a valid, unexpired grant of the same operat
 (:class:`GrantedRanges`). A connection made with the cluster secret needs none.
 
 The expiry is wall-clock time (the master's and the owner's clocks must agree, as NTP keeps
-them): a read grant lasts the read lease, during which the master keeps the object where it
-is; a write grant lasts ``put_start_discard_timeout``, the longest a put's range stays its own
-unless it is revoked first. That is the one window a grant outlives its purpose: a put revoked
-early leaves its write grant valid until then, and if its range went to another put meanwhile,
-the revoking tenant could still write there (a reader's checksum check then refuses the object,
-as it would any torn write); it can read nothing it was not granted.
+them): a read grant lasts the read lease, a write grant ``put_start_discard_timeout``, the longest
+a put's range stays its own. A grant can outlive its object (a put revoked early, an object
+removed with force during a read), so the master does not give a granted range to anything else
+until the grant has expired (``store.grant_quarantine``): a tenant can never move bytes of an
+object it was not granted. One gap remains: a segment unmounted and mounted again under the same
+name within a grant's lifetime starts with a fresh allocator, which knows nothing of the old grants.
 
 Token: ``u8 opcode | u64 address | u64 length | f64 expiry | HMAC-SHA256`` (little-endian, 57
 bytes), the MAC over the segment name and those fields.
