@@ -16,6 +16,10 @@ For each policy the cluster starts cold (new processes, an empty store), the dri
 waits for every worker, replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix
 reuse, reads `/metrics`, and the cluster is stopped again. :class:`Hosts` removes its namespaces
 and every process in them however the run ends (exception, SIGINT or SIGTERM).
+
+The hosts are namespaces of this one machine, so they compute on its cores together: the
+simulator's prediction beside each policy prices that (every instance on :func:`machine_cores`
+cores, processor sharing), and also gives the paper's cluster, one compute per instance.
 """
 
 from __future__ import annotations
@@ -58,6 +62,13 @@ def missing_prerequisites() -> str | None:
         if shutil.which(program) is None:
             return f"bench serve --hosts needs `{program}` ({package}), which is not installed"
     return None
+
+
+def machine_cores() -> int:
+    """The cores this process (and so every daemon it starts, on any host) may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _run(*command: str) -> None:
@@ -224,7 +235,9 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
     """Replay ``requests`` (``slice_`` scaled) once per policy on a cold cluster over ``num_hosts``
     prefill hosts, then the simulator over the same slice priced with ``costs``: what the first
     policy's conductor planned with at the end of its run (its workers' start-up profiles, refitted
-    by its live samples). Namespaces and processes are gone when this returns or raises; the
+    by its live samples); per policy ``sim`` with every instance on this machine's cores
+    (``sim_cores`` of them), ``sim_dedicated`` with one compute per instance.
+    Namespaces and processes are gone when this returns or raises; the
     daemons' logs stay in a temporary directory only when a daemon or the driver failed
     (BenchHostsFailed names where)."""
     rows: dict[str, dict[str, Any]] = {}
@@ -261,15 +274,20 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
             shutil.rmtree(root, ignore_errors=True)
     sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                              [out for _, _, out in requests])
+    cores = machine_cores()
     if costs is not None:
         config = resolve(cluster_settings(policies[0], block_tokens, request_timeout), environ={})
         base = SchedulerConfig.from_config(config)
         cache_tokens = config.prefill_segment_size // costs["kv_bytes_per_token"]
         decode_tokens = config.kv_cache_size // costs["kv_bytes_per_token"]
         for policy in policies:
-            rows[policy]["sim"] = simulate_policy(sim_slice, base.with_(policy=policy), num_hosts, costs,
-                                                  cache_tokens, decode_tokens)
-    return {"costs": costs, "reuse_ceiling": reuse_ceiling(sim_slice), "policies": rows, "namespaces_left": left}
+            cfg = base.with_(policy=policy)
+            rows[policy]["sim"] = simulate_policy(sim_slice, cfg, num_hosts, costs, cache_tokens, decode_tokens,
+                                                  shared_cores=cores)
+            rows[policy]["sim_dedicated"] = simulate_policy(sim_slice, cfg, num_hosts, costs, cache_tokens,
+                                                            decode_tokens)
+    return {"costs": costs, "sim_cores": cores, "reuse_ceiling": reuse_ceiling(sim_slice), "policies": rows,
+            "namespaces_left": left}
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -110,13 +110,15 @@ def reuse_ceiling(requests: list[TraceRequest]) -> float:
 
 
 def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_prefill: int,
-                    costs: dict[str, Any], cache_tokens: int, decode_kv_tokens: int) -> dict[str, Any]:
+                    costs: dict[str, Any], cache_tokens: int, decode_kv_tokens: int,
+                    shared_cores: int | None = None) -> dict[str, Any]:
     """The simulator's prediction of one policy on ``num_prefill`` prefill instances and one
-    decode instance priced with the live conductor's ``costs``."""
+    decode instance priced with the live conductor's ``costs``: every instance computing on
+    ``shared_cores`` cores together, or (None) each on compute of its own."""
     cost = CostModel(bytes_per_token=costs["kv_bytes_per_token"], bandwidth=costs["transfer_bandwidth"],
                      prefill=PrefillTimeModel(tuple(costs["prefill_coef"])),
                      decode=DecodeTbtModel(tuple(costs["tbt_coef"])), decode_kv_capacity=decode_kv_tokens)
-    result = simulate(requests, cfg, SimSetup(num_prefill, 1, cache_tokens, 0, cost))
+    result = simulate(requests, cfg, SimSetup(num_prefill, 1, cache_tokens, 0, cost, shared_cores=shared_cores))
     decisions = {reason: result.reasons[reason] for reason in DECISIONS}
     return {"ttft": distribution(result.ttft), "tbt": distribution(result.tbt), "hit_rate": result.hit_rate,
             "decisions": decisions, "rejected": result.rejected,

@@ -53,7 +53,9 @@ def serve(
     conductor, decode) and N hosts (store client + prefill worker each) on a bridge, replays the
     slice with prefix reuse once per policy on a cold cluster, and reports per policy TTFT/TBT
     (seconds), hit rate, the conductor's decisions, replicas and rejections, beside the
-    simulator's prediction for the same slice priced with the costs the live conductor used."""
+    simulator's prediction for the same slice priced with the costs the live conductor used: with
+    every instance computing on this machine's cores together, as the hosts do (`sim`, on
+    `sim_cores` cores), and with one compute per instance, as in the paper (`sim_dedicated`)."""
     if hosts:
         _serve_on_hosts(trace, requests, min_turns, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
                         json_output, config)
@@ -141,19 +143,23 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
     def render(d: dict) -> Table:
         # Short headers keep the table readable in 80 columns; units and meanings are in the caption.
         table = Table("policy", "ok/429/err", "TTFT", "p50", "p99", "TBT", "hit", "L/X/R/M", "repl", "load",
-                      "sim TTFT", "sim p99",
+                      "sim TTFT", "sim p99", "ded TTFT",
                       title=f"mooncake bench serve --hosts {d['hosts']}: {d['requests']} requests, link "
                             f"{d['link_gbps'] or 'unshaped'} Gbps, x{d['speedup']:g}", caption_justify="left",
                       caption="TTFT mean/p50/p99 and TBT mean in ms; hit: token hit rate; L/X/R/M: local hit, "
                               "transfer, recompute, miss decisions; repl: replicated blocks; load: 1-min load "
-                              "average after the run; sim: the simulator on the same slice and cluster")
+                              "average after the run; sim: the simulator on the same slice and cluster, "
+                              f"every instance on this machine's {d['sim_cores']} cores; ded: the simulator "
+                              "with one compute per instance")
         for name, row in d["policies"].items():
             t, sim = row["ttft"], (row.get("sim") or {}).get("ttft") or {}
+            dedicated = (row.get("sim_dedicated") or {}).get("ttft") or {}
             counts = "/".join(str(row["decisions"][k]) for k in ("local_hit", "transfer", "recompute", "miss"))
             table.add_row(name, f"{row['completed']}/{row['rejected']}/{row['failed']}",
                           *(_ms_of(t[q]) for q in ("mean", "p50", "p99")), _ms_of(row["tbt"]["mean"]),
                           f"{row['hit_rate']:.0%}", counts, "-" if row["replicas"] is None else str(row["replicas"]),
-                          f"{row['load_average']:.1f}", _ms_of(sim.get("mean")), _ms_of(sim.get("p99")))
+                          f"{row['load_average']:.1f}", _ms_of(sim.get("mean")), _ms_of(sim.get("p99")),
+                          _ms_of(dedicated.get("mean")))
         table.caption += f"\nreuse ceiling of the slice (every block ever seen cached): {d['reuse_ceiling']:.0%}"
         costs = d.get("costs")
         if costs:

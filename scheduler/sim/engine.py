@@ -1,8 +1,14 @@
 """The discrete-event replay: arrivals, prefill completions and decode completions on one heap.
 
-The simulator owns the "physical" cluster (instances, caches, NICs, the cost model) and consults
-the very Conductor the daemon runs for every decision, reporting back to it through the same
-lifecycle calls and cache events a real cluster would send.
+The simulator owns the "physical" cluster (instances, caches, NICs, compute, the cost model) and
+consults the very Conductor the daemon runs for every decision, reporting back to it through the
+same lifecycle calls and cache events a real cluster would send.
+
+Compute is the paper's by default: every instance has its own, so a job waits for its instance
+only. With ``SimSetup.shared_cores`` every instance computes on those few cores together, as the
+live bench's hosts (namespaces of one machine) do: a prefill job that has its prefix joins the
+cores as a task, a decode instance is one task while its batch is not empty, and every change of
+who computes re-times the planned prefill completion and each decode instance's steps.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from scheduler.cache_index import POOL, CacheIndex
 from scheduler.conductor import Conductor
 from scheduler.config import SchedulerConfig
+from scheduler.sim.cores import SharedCores
 from scheduler.sim.cost_model import CostModel
 from scheduler.sim.instances import PrefillJob, SimDecode, SimPrefill
 from scheduler.sim.lru import BlockLRU
@@ -24,7 +31,9 @@ from scheduler.sim.trace import TraceRequest
 from scheduler.types import REJECT_DECODE, ScheduleRequest
 
 # Same-time events: finish work before admitting new work, so a freed slot is seen at once.
-_PREFILL_DONE, _DECODE_DONE, _ARRIVAL = 0, 1, 2
+# _CORES_DONE and _PREFIX_READY happen only with shared cores (a prefill completion planned
+# under the cores' current version; a job whose prefix is in place starting to compute).
+_PREFILL_DONE, _CORES_DONE, _DECODE_DONE, _PREFIX_READY, _ARRIVAL = range(5)
 
 
 @dataclass
@@ -37,6 +46,9 @@ class SimSetup:
     # Load samples for the load-over-time plot. Early rejection's cycle is as long as the lag it
     # reads decode with, a prefill (seconds), so a coarser grid would alias it away.
     sample_seconds: float = 1.0
+    # Cores that every instance's compute shares (processor sharing, see scheduler.sim.cores);
+    # None: each instance computes on its own, as in the paper's cluster.
+    shared_cores: int | None = None
 
 
 class Simulator:
@@ -59,6 +71,8 @@ class Simulator:
         self.pool = (BlockLRU(POOL, setup.pool_capacity_tokens // bs, index, tier="pool")
                      if setup.pool_capacity_tokens else None)
         self.nic_free: dict[str, float] = {}
+        self.cores = None if setup.shared_cores is None else SharedCores(setup.shared_cores)
+        self._cores_planned = -1  # the cores' version the latest _CORES_DONE was planned under
         self.events: list = []
         self._seq = 0
         self.result = SimResult(params={})
@@ -85,6 +99,10 @@ class Simulator:
                 self._arrive(payload, now)
             elif kind == _PREFILL_DONE:
                 self._prefill_done(self.prefill[payload], now)
+            elif kind == _CORES_DONE:
+                self._cores_done(payload, now)
+            elif kind == _PREFIX_READY:
+                self._prefix_ready(self.prefill[payload], now)
             else:
                 self._decode_done(self.decode[payload[0]], payload[1], now)
         result = self.result
@@ -129,7 +147,36 @@ class Simulator:
             self.result.transferred_tokens += job.transfer_tokens
         job.transfer_seconds = ready - now
         job.compute_seconds = self.cost.prefill_time(job.input_length, job.prefix_tokens)
-        self._push(ready + job.compute_seconds, _PREFILL_DONE, instance.instance_id)
+        if self.cores is None:
+            self._push(ready + job.compute_seconds, _PREFILL_DONE, instance.instance_id)
+        else:
+            self._push(ready, _PREFIX_READY, instance.instance_id)
+
+    def _prefix_ready(self, instance: SimPrefill, now: float) -> None:
+        self.cores.join(instance.instance_id, instance.running.compute_seconds, now)
+        self._share_cores(now)
+
+    def _cores_done(self, version: int, now: float) -> None:
+        if version != self.cores.version:
+            return  # who computes changed since this completion was planned
+        for instance_id in self.cores.pop_finished(now):
+            self._prefill_done(self.prefill[instance_id], now)
+        self._share_cores(now)
+
+    def _share_cores(self, now: float) -> None:
+        """After who computes may have changed: count the decode instances that compute, give
+        each its new share, and plan the next prefill completion."""
+        cores = self.cores
+        for decode in self.decode.values():
+            cores.set_endless(decode.instance_id, bool(decode.members), now)
+        for decode in self.decode.values():
+            if decode.members and decode.speed != cores.rate:
+                decode.set_speed(cores.rate, now)
+                self._schedule_decode(decode, now)
+        at = cores.next_finish(now)
+        if at is not None and cores.version != self._cores_planned:
+            self._cores_planned = cores.version
+            self._push(at, _CORES_DONE, cores.version)
 
     def _prefill_done(self, instance: SimPrefill, now: float) -> None:
         job, instance.running = instance.running, None
@@ -177,6 +224,8 @@ class Simulator:
             if (cfg.ttft_slo <= 0 or ttft <= cfg.ttft_slo) and (cfg.tbt_slo <= 0 or tbt <= cfg.tbt_slo):
                 result.goodput += 1
         self._schedule_decode(decode, now)
+        if self.cores is not None:
+            self._share_cores(now)
 
     def _sample(self, at: float) -> None:
         cfg = self.cfg

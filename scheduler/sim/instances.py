@@ -1,12 +1,15 @@
 """The simulated instances: what actually happens, as opposed to what the conductor predicts.
 
 A prefill instance runs its jobs one at a time, first in first out. A job first pulls its
-transferred prefix through the source's NIC (which serves one pull at a time) and then computes.
+transferred prefix through the source's NIC (which serves one pull at a time) and then computes:
+on compute of its own, or on cores that every instance shares (:mod:`scheduler.sim.cores`).
 
 A decode instance runs continuous batching. Between two batch changes every sequence gains one
 token per step of ``tbt(batch, context)`` seconds, so instead of simulating each step we keep a
 per-instance token clock (tokens every member has generated since the instance started) and
-each sequence's finish mark on that clock; the next finish is ``(min mark - clock) * tbt`` away.
+each sequence's finish mark on that clock; the next finish is ``(min mark - clock) * tbt / speed``
+away. ``speed`` is 1 unless the instance shares cores with others (:mod:`scheduler.sim.cores`):
+then it is the share of a core each computing task gets, and a step takes ``tbt / speed``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class PrefillJob:
     all_keys: tuple
     started: float = 0.0
     transfer_seconds: float = 0.0
-    compute_seconds: float = 0.0
+    compute_seconds: float = 0.0  # its work: what it takes alone on its own compute
 
 
 @dataclass
@@ -49,7 +52,8 @@ class SimDecode:
     cost: CostModel
     clock: float = 0.0  # tokens generated per member since start
     updated: float = 0.0
-    step: float = 0.0  # current seconds per token
+    step: float = 0.0  # current seconds per token on a core of its own
+    speed: float = 1.0  # share of a core it gets
     context: int = 0
     marks: list = field(default_factory=list)  # heap of (finish mark, request index)
     members: dict = field(default_factory=dict)  # request index -> (joined, output, context)
@@ -57,7 +61,7 @@ class SimDecode:
 
     def advance(self, now: float) -> None:
         if self.members and self.step > 0:
-            self.clock += (now - self.updated) / self.step
+            self.clock += (now - self.updated) * self.speed / self.step
         self.updated = now
 
     def join(self, index: int, output: int, context: int, now: float) -> None:
@@ -82,7 +86,13 @@ class SimDecode:
     def next_finish(self, now: float) -> float | None:
         if not self.marks:
             return None
-        return now + max(self.marks[0][0] - self.clock, 0.0) * self.step
+        return now + max(self.marks[0][0] - self.clock, 0.0) * self.step / self.speed
+
+    def set_speed(self, speed: float, now: float) -> None:
+        """From ``now`` on it gets ``speed`` of a core (planned finishes go stale)."""
+        self.advance(now)
+        self.speed = speed
+        self.version += 1
 
     def _restep(self) -> None:
         self.step = self.cost.tbt(len(self.members), self.context)

@@ -10,7 +10,10 @@ import subprocess
 import psutil
 import pytest
 
-from daemons.serving.figure5 import DECISIONS, cost_figures, parse_metrics, policy_summary, reuse_ceiling
+from daemons.serving.bench_hosts import machine_cores
+from daemons.serving.figure5 import (DECISIONS, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
+                                    simulate_policy)
+from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
 
 DISTRIBUTION = {"mean", "p50", "p90", "p99"}
@@ -40,8 +43,10 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     assert row["completed"] > 0 and row["ttft"]["mean"] > 0
     # The simulator's prediction for the same slice, priced with what the live conductor used.
     assert data["costs"]["kv_bytes_per_token"] == 2048
-    sim = row["sim"]
-    assert set(sim["ttft"]) == DISTRIBUTION and sum(sim["decisions"].values()) + sim["rejected"] == 8
+    # Priced twice: every instance on this machine's cores (as the hosts are), one compute each.
+    assert data["sim_cores"] == machine_cores()
+    for sim in (row["sim"], row["sim_dedicated"]):
+        assert set(sim["ttft"]) == DISTRIBUTION and sum(sim["decisions"].values()) + sim["rejected"] == 8
     # Nothing left: no namespace of ours, no daemon of ours.
     assert not {ns for ns in _namespaces() - before if ns.startswith("mcb")}
     leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
@@ -81,3 +86,16 @@ def test_the_reuse_ceiling_counts_leading_blocks_seen_before():
     requests = [TraceRequest(0.0, 96, 1, (1, 2, 3)), TraceRequest(1.0, 96, 1, (1, 2, 4)),
                 TraceRequest(2.0, 96, 1, (5, 2, 3))]  # the last shares blocks, but not its first
     assert reuse_ceiling(requests) == 2 / 9
+
+
+def test_the_simulator_prices_instances_that_share_the_machines_cores():
+    # Two fresh prompts of 1 s each at once, one per prefill instance: on one shared core each
+    # takes twice its work; with a compute each (or two cores), its work.
+    costs = {"kv_bytes_per_token": 2048, "transfer_bandwidth": 1e8, "prefill_coef": [0.0, 1e-3, 0.0],
+             "tbt_coef": [0.01, 0.0, 0.0]}
+    requests = [TraceRequest(0.0, 1000, 1, (1,)), TraceRequest(0.0, 1000, 1, (2,))]
+    cfg = SchedulerConfig(block_tokens=512, ttft_slo=0.0, tbt_slo=0.0, admission="none", policy="load")
+    ttft = {cores: simulate_policy(requests, cfg, 2, costs, 10_000, 10_000, shared_cores=cores)["ttft"]["mean"]
+            for cores in (None, 1, 2)}
+    assert ttft == pytest.approx({None: 1.0, 1: 2.0, 2: 1.0})
+    assert machine_cores() >= 1
