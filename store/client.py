@@ -19,7 +19,6 @@ from its own loop).
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import threading
 import time
@@ -456,7 +455,7 @@ def _on_segment(item: ReplicaList | MooncakeError, segment_id: str | None) -> Re
     replicas = [r for r in item.replicas if r.segment_id == segment_id]
     if not replicas:
         return ObjectNotFound(f"{item.key!r} has no replica on segment {segment_id!r}")
-    return dataclasses.replace(item, replicas=replicas)
+    return item._replace(replicas=replicas)
 
 
 def _transfer_error(status: TransferStatus) -> MooncakeError:

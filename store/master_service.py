@@ -80,11 +80,11 @@ from store.drain.messages import to_wire as drain_wire
 from store.errors import InvalidParams
 from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
-from store.objects import ClientStatus, ReplicaDescriptor, ReplicaTier
+from store.objects import ClientStatus, ReplicaDescriptor, ReplicaList, ReplicaTier
 from store.policy import StorePolicy
 from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
-                        int_list_arg, replica_list_to_wire, reported_from_wire, segment_from_wire,
+                        int_list_arg, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
 from transfer import grants
 from transfer.auth import ClusterSecret
@@ -181,6 +181,8 @@ class StoreService:
                 quarantine.granted(value.segment_id, value.address, now + lifetime)
                 return value._replace(grant=grants.issue(self.secret, value.segment_name, opcode,
                                                          value.address, value.size, expiry))
+            if isinstance(value, ReplicaList):  # a named tuple: no list, no map
+                return value._replace(replicas=[grant(r) for r in value.replicas])
             if isinstance(value, list):
                 return [grant(v) for v in value]
             if isinstance(value, dict):
@@ -232,9 +234,9 @@ class StoreService:
                 str_arg(a, "client_id"), self._keys(a), now, _checksums(a))),
             "batch_put_revoke": lambda a, now: batch_to_wire(s.batch_put_revoke(
                 str_arg(a, "client_id"), self._keys(a), now)),
-            "get_replica_list": lambda a, now: replica_list_to_wire(s.get_replica_list(self._key(a), now)),
-            "batch_get_replica_list": lambda a, now: batch_to_wire(
-                s.batch_get_replica_list(self._keys(a), now), replica_list_to_wire),
+            # A replica list packs as it is (store.wire.replica_list_from_wire).
+            "get_replica_list": lambda a, now: s.get_replica_list(self._key(a), now),
+            "batch_get_replica_list": lambda a, now: batch_to_wire(s.batch_get_replica_list(self._keys(a), now)),
             "exists": lambda a, now: s.exists(self._key(a)),
             "batch_exists": lambda a, now: s.batch_exists(self._keys(a)),
             "remove": lambda a, now: s.remove(self._key(a), now, bool_arg(a, "force")),

@@ -410,18 +410,20 @@ class MasterState(Membership, Tiering, Replication, Draining):
         tenant = tenant_of(key)
         self.release_quarantined(now)
         self._make_quota_room(tenant, key, size, config.replica_num, now)
+        wanted = config.replica_num
         replicas: list[Replica] = []
+        used: set[str] = set()  # the segments of ``replicas``
         while True:
-            used = {r.segment_id for r in replicas}
             for segment in order:
-                if len(replicas) == config.replica_num:
+                if len(replicas) == wanted:
                     break
-                if segment.segment_id not in used and segment.allocator.can_allocate(size):
-                    replicas.append(Replica(segment.segment_id, self._take_range(segment, key, size)))
-                    used.add(segment.segment_id)
+                segment_id = segment.spec.segment_id
+                if segment_id not in used and segment.allocator.can_allocate(size):
+                    replicas.append(Replica(segment_id, self._take_range(segment, key, size)))
+                    used.add(segment_id)
             # A full pool of the tenant's evictable objects must never fail its put: evict
             # synchronously (never another tenant's objects).
-            if len(replicas) == config.replica_num or not self._evict_for(size, used, now, tenant):
+            if len(replicas) == wanted or not self._evict_for(size, used, now, tenant):
                 break
             self._evicting_for.add(tenant)
         if not replicas:
@@ -565,8 +567,10 @@ class MasterState(Membership, Tiering, Replication, Draining):
 
     def _describe(self, obj: ObjectMeta) -> list[ReplicaDescriptor]:
         """Memory replicas first: a reader tries them before any disk one."""
-        ordered = sorted(obj.replicas, key=lambda r: not r.in_memory)
-        return [self.segments[r.segment_id].describe(r, obj.size) for r in ordered]
+        replicas = obj.replicas
+        if len(replicas) > 1:  # the common single replica needs no sort (it is per key of a batch)
+            replicas = sorted(replicas, key=lambda r: not r.in_memory)
+        return [self.segments[r.segment_id].describe(r, obj.size) for r in replicas]
 
 
 def _attempt(method, *args):

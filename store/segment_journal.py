@@ -82,6 +82,8 @@ class SegmentJournal:
 
     def _append(self, segment_id: str, kind: str, key: str, address: int, size: int = 0,
                 checksum: int | None = None, hard_pinned: bool = False) -> None:
-        log = self._logs.setdefault(segment_id, _Log())
+        log = self._logs.get(segment_id)
+        if log is None:  # not setdefault: that would build a _Log on every change
+            log = self._logs[segment_id] = _Log()
         log.changes.append(SegmentChange(log.next_seq, kind, key, address, size, checksum, hard_pinned))
         log.next_seq += 1

@@ -132,18 +132,19 @@ def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
     return ReplicaDescriptor(segment_id, segment_name, endpoint, host, address, size, tier, grant)
 
 
-def replica_list_to_wire(replicas: ReplicaList) -> dict:
-    return {"key": replicas.key, "size": replicas.size, "lease_ttl": replicas.lease_ttl,
-            "checksum": replicas.checksum, "replicas": replicas.replicas,
-            "promote": replicas.promote}
-
-
 def replica_list_from_wire(data: Any) -> ReplicaList:
-    data = _map(data, "replica list")
-    return ReplicaList(str_arg(data, "key"), int_arg(data, "size"),
-                       [descriptor_from_wire(r) for r in _list(data.get("replicas"), "replicas")],
-                       float(data.get("lease_ttl", 0.0)), optional_int(data.get("checksum"), "checksum"),
-                       bool(data.get("promote", False)))
+    """A replica list travels as an array of its fields in order (the master packs the named
+    tuple as it is), checked like a descriptor: a batch answer carries one per object."""
+    try:
+        key, size, replicas, lease_ttl, checksum, promote = data
+    except (TypeError, ValueError):
+        raise InvalidParams(f"replica list must be an array of {len(ReplicaList._fields)} fields") from None
+    if not (type(key) is str and type(size) is int and type(replicas) is list
+            and type(lease_ttl) in (float, int) and (checksum is None or type(checksum) is int)
+            and type(promote) is bool):
+        raise InvalidParams(f"replica list fields have the wrong types: {data!r:.200}")
+    return ReplicaList(key, size, [descriptor_from_wire(r) for r in replicas], float(lease_ttl), checksum,
+                       promote)
 
 
 # -- batch answers -------------------------------------------------------------------------------
