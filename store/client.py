@@ -46,6 +46,7 @@ from transfer.settings import Config, resolve
 # handing it to the engine's copy or connection threads and waiting for them costs several
 # times the move itself.
 INLINE_BYTES = 1 << 20
+_MEMORY = ReplicaTier.MEMORY.value  # a descriptor's tier, compared per replica read
 
 
 def checksum_of(view: Any) -> int:
@@ -238,14 +239,18 @@ class StoreClient:
                 del pending[i]
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
-            in_memory = [(i, r) for i, r in attempt if r.tier == ReplicaTier.MEMORY.value]
+            in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
             errors = dict(zip((i for i, _ in in_memory), self._move(
                 OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
+            copied = time.monotonic()  # every in-memory copy of this round finished by now
             for i, replica in attempt:
-                error = errors[i] if i in errors else self.disk.read(
-                    scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                if i in errors:
+                    error, finished = errors[i], copied
+                else:
+                    error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                    finished = time.monotonic()
                 if error is None:
-                    error = self._verify(lists[i], targets[i][0], asked)
+                    error = self._verify(lists[i], targets[i][0], asked, finished)
                 if error is None and i not in errors and lists[i].promote:
                     self._promote(lists[i], targets[i][0])
                 if error is None or not pending[i]:
@@ -269,8 +274,9 @@ class StoreClient:
         except MooncakeError:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
-    def _verify(self, replicas: ReplicaList, address: int, asked: float) -> MooncakeError | None:
-        if time.monotonic() > asked + replicas.lease_ttl:
+    def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float) -> MooncakeError | None:
+        """``asked``: when the lease was asked for; ``finished``: when the copy had finished."""
+        if finished > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
         if (self.config.checksum and replicas.checksum is not None
                 and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
@@ -279,6 +285,8 @@ class StoreClient:
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
         """Memory before disk; this host's first (a shared-memory copy), then in master order."""
+        if len(replicas) == 1:  # the common case, per key of a batch: nothing to order
+            return list(replicas)
         return sorted(replicas, key=lambda r: (r.tier != ReplicaTier.MEMORY.value, r.host != self.engine.host_id))
 
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:

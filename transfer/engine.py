@@ -268,9 +268,10 @@ class TransferEngine(BatchMixin):
         copied from the device (what a checksum of the bytes to put must read); bytes written
         into that view reach the device through :meth:`copy_to_device`."""
         buffer = self.memory.find(address, length)
+        start = address - buffer.address
         if buffer.device is not None:
-            buffer.device.to_host(buffer.view, address - buffer.address, length)
-        return self.memory.view(address, length)
+            buffer.device.to_host(buffer.view, start, length)
+        return buffer.view[start:start + length]
 
     def copy_to_device(self, address: int, length: int) -> None:
         """After bytes were written into :meth:`buffer_at`'s view of GPU memory (not by a
