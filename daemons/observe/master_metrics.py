@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from daemons.observe.master_http import MasterView, build_app
 from daemons.observe.metrics import counter, gauge, labelled_counter, labelled_gauge
@@ -57,7 +58,7 @@ class MasterMetrics:
 
     def __init__(self, daemon: Any) -> None:
         self.daemon = daemon
-        self.rpc_counts = RpcCounts(daemon.metrics_registry)
+        self.rpc_counts = RpcCounts()
 
     def counted(self, server: Any) -> CountedOps:
         return CountedOps(server, self.rpc_counts)
@@ -83,15 +84,14 @@ class MasterMetrics:
 class RpcCounts:
     """Requests and failures per op; for batch ops also items, failed items and partial successes."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: dict[str, int] = defaultdict(int)
         self.failures: dict[str, int] = defaultdict(int)
         self.items: dict[str, int] = defaultdict(int)
         self.failed_items: dict[str, int] = defaultdict(int)
         self.partial: dict[str, int] = defaultdict(int)
-        self.value_sizes = Histogram("master_value_size_bytes", "Distribution of object value sizes",
-                                     buckets=VALUE_SIZE_BUCKETS, registry=registry)
+        self.value_sizes = SizeHistogram(VALUE_SIZE_BUCKETS)
 
     def record(self, op: str, args: Any, outcome: Any, failed: bool) -> None:
         failed_items = total_items = 0
@@ -111,11 +111,10 @@ class RpcCounts:
 
     def _observe_sizes(self, op: str, args: Any, outcome: Any) -> None:
         if op in ("store.put_start", "store.upsert_start") and isinstance(args.get("size"), int):
-            self.value_sizes.observe(args["size"])
+            self.value_sizes.observe([args["size"]])
         elif op in ("store.batch_put_start", "store.batch_upsert_start") and isinstance(args.get("sizes"), list):
-            for size, item in zip(args["sizes"], outcome):
-                if isinstance(size, int) and isinstance(item, dict) and "ok" in item:
-                    self.value_sizes.observe(size)
+            self.value_sizes.observe([size for size, item in zip(args["sizes"], outcome)
+                                      if isinstance(size, int) and isinstance(item, dict) and "ok" in item])
 
     def families(self) -> Iterator[Metric]:
         with self.lock:
@@ -132,10 +131,39 @@ class RpcCounts:
                               failed_items.get(op, 0))
                 yield counter(f"master_{stem}_partial_successes_total",
                               f"{op} requests of which some keys failed, not all", partial.get(op, 0))
+        yield self.value_sizes.family("master_value_size_bytes", "Distribution of object value sizes")
         # Every op, those without a Mooncake counterpart too (te.meta.*, cluster.*, upserts, ...).
         yield labelled_counter("mooncake_master_requests_total", "Requests answered, by op.", "op", requests)
         yield labelled_counter("mooncake_master_failures_total", "Requests answered with an error, by op.", "op",
                                failures)
+
+
+class SizeHistogram:
+    """A histogram that takes a whole batch's sizes under one lock: prometheus_client's
+    Histogram.observe, one call per object, cost the master's I/O thread about 1.8 us per object
+    of a batch put (its lock and bucket walk each time)."""
+
+    def __init__(self, bounds: tuple[int, ...]) -> None:
+        self.bounds = bounds
+        self.lock = threading.Lock()
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf only)
+        self.sum = 0
+
+    def observe(self, sizes: list[int]) -> None:
+        bounds, counts = self.bounds, self.counts
+        with self.lock:
+            for size in sizes:
+                counts[bisect_left(bounds, size)] += 1  # the first bound >= size: le is inclusive
+            self.sum += sum(sizes)
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        with self.lock:
+            counts, total = list(self.counts), self.sum
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(float, self.bounds), float("inf")], counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=total)
 
 
 class CountedOps:
