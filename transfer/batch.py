@@ -18,7 +18,7 @@ import enum
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class OpCode(enum.IntEnum):
@@ -36,12 +36,13 @@ class Status(enum.IntEnum):
     FAILED = 6
 
 
-@dataclass(frozen=True)
-class TransferRequest:
+class TransferRequest(NamedTuple):
     """READ copies target -> source; WRITE copies source -> target.
 
     ``source`` is a local address inside registered memory (see ``memory.address_of``);
-    ``target_offset`` is an address inside one of the target segment's buffers.
+    ``target_offset`` is an address inside one of the target segment's buffers. A named tuple,
+    not a frozen dataclass: the store builds one per object of a batch, and a frozen
+    dataclass's field-by-field ``object.__setattr__`` took several times as long.
     """
 
     opcode: OpCode

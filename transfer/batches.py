@@ -34,6 +34,9 @@ class _Seen:
 
     local: RegisteredBuffer | None = None
     peers: dict[int, SegmentDescriptor] = field(default_factory=dict)
+    # The transport per peer buffer (by the BufferDesc's id: the peer's descriptor, which holds
+    # it, outlives the call).
+    transports: dict[int, Transport] = field(default_factory=dict)
 
 
 class BatchMixin:
@@ -96,7 +99,10 @@ class BatchMixin:
         if peer is None:
             peer = seen.peers[request.target_id] = self.segments.get(request.target_id)
         remote = peer.find_buffer(request.target_offset, request.length)
-        return local, peer, remote, self._transport_for(peer, remote)
+        transport = seen.transports.get(id(remote))
+        if transport is None:
+            transport = seen.transports[id(remote)] = self._transport_for(peer, remote)
+        return local, peer, remote, transport
 
     def _transport_for(self, peer: SegmentDescriptor, buffer: BufferDesc) -> Transport:
         for transport in self.transports:  # ordered fastest first
