@@ -166,7 +166,8 @@ class StoreClient:
             raise InvalidParams("keys, addresses and sizes must have the same length")
         # AddressNotRegistered before the master allocates anything.
         views = [self.engine.buffer_at(a, max(n, 1)) for a, n in zip(addresses, sizes)]
-        checksums = [checksum_of(v[:n]) if self.config.checksum and n > 0 else None
+        checksummed = self.config.checksum
+        checksums = [checksum_of(v) if checksummed and n > 0 else None  # a view of n > 0 is n long
                      for v, n in zip(views, sizes)]
         config = self.replicate_config(**replication)
         started = self.master.batch_put_start(keys, sizes, config, upsert)
@@ -229,14 +230,16 @@ class StoreClient:
 
     def _read(self, lists: list, targets: dict[int, tuple[int, int]], asked: float) -> list[int | MooncakeError]:
         """Read each found object from its best replica, falling back replica by replica."""
-        results: list[int | MooncakeError] = [item if isinstance(item, MooncakeError) else item.size
-                                              for item in lists]
-        pending = {i: self._ordered(item.replicas) for i, item in enumerate(lists)
-                   if not isinstance(item, MooncakeError)}
-        for i in list(pending):
-            if lists[i].size > targets[i][1]:
-                results[i] = InvalidParams(f"{lists[i].key!r} has {lists[i].size} bytes; the buffer holds {targets[i][1]}")
-                del pending[i]
+        results: list[int | MooncakeError] = []
+        pending: dict[int, list[ReplicaDescriptor]] = {}  # per object still to read, its replicas left
+        for i, item in enumerate(lists):
+            if isinstance(item, MooncakeError):
+                results.append(item)
+            elif item.size > targets[i][1]:
+                results.append(InvalidParams(f"{item.key!r} has {item.size} bytes; the buffer holds {targets[i][1]}"))
+            else:
+                results.append(item.size)
+                pending[i] = self._ordered(item.replicas)
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
             in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
