@@ -336,7 +336,7 @@ class StoreService:
         for segment_id in client.segment_ids:
             acked = acks.get(segment_id, 0)
             acked = acked if isinstance(acked, int) else 0
-            changes[segment_id] = [c.as_wire() for c in self.state.journal.since(segment_id, acked)]
+            changes[segment_id] = self.state.journal.since(segment_id, acked)  # packed as arrays
         return {"status": status.value, "changes": changes,
                 "unmount": self.state.segments_to_unmount(client_id, now)}
 

@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 
 class SegmentChange(NamedTuple):
-    """A named tuple: one is made per replica of every PutEnd, where a dataclass cost more."""
+    """A named tuple: one is made per replica of every PutEnd, where a dataclass cost more. It
+    travels as it is, a msgpack array of its fields in order: a ping's answer carries one per
+    object put or removed since the last, all built under the store lock."""
 
     seq: int
     # "complete" | "gone" (a memory replica) | "disk_gone" (the file may go) | "offload" (copy
@@ -31,9 +33,6 @@ class SegmentChange(NamedTuple):
     size: int = 0
     checksum: int | None = None
     hard_pinned: bool = False
-
-    def as_wire(self) -> dict:
-        return self._asdict()
 
 
 @dataclass

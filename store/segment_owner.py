@@ -126,24 +126,24 @@ class SegmentOwner:
             self.disk.destroy()  # its replicas left the pool with the segment
             self.disk = None
 
-    def _apply(self, changes: list[dict]) -> None:
+    def _apply(self, changes: list[list]) -> None:
+        """``changes``: store.segment_journal.SegmentChange's fields, in order, per change."""
         to_offload = []
-        for change in changes:
-            key = change["key"]
-            if change["kind"] == "complete":
-                self.record[key] = ReportedObject(key, self.segment.segment_id, change["address"],
-                                                  change["size"], change["checksum"], change["hard_pinned"])
+        for seq, kind, key, address, size, checksum, hard_pinned in changes:
+            if kind == "complete":
+                self.record[key] = ReportedObject(key, self.segment.segment_id, address, size, checksum,
+                                                  hard_pinned)
                 if self.offload_all:
                     to_offload.append(self.record[key])
-            elif change["kind"] == "offload":
-                if key in self.record and self.record[key].address == change["address"]:
+            elif kind == "offload":
+                if key in self.record and self.record[key].address == address:
                     to_offload.append(self.record[key])
-            elif change["kind"] == "disk_gone":
+            elif kind == "disk_gone":
                 if self.disk is not None:
                     self._forget_file(key)
-            elif key in self.record and self.record[key].address == change["address"]:
+            elif key in self.record and self.record[key].address == address:
                 del self.record[key]
-            self.acked = change["seq"]
+            self.acked = seq
         if self.disk is not None:
             for report in to_offload:
                 self._offload(report)
