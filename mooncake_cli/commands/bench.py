@@ -31,7 +31,8 @@ def rpc(
     (what clients on this host use), next to a bare echo over each transport measured in the
     same run (the floor: a ZeroMQ ROUTER for TCP, a plain Unix socket for unix://). On
     unix:// the client, the daemon and the floor busy-poll for --rpc-busy-poll before they
-    sleep, as store clients do; ZeroMQ needs its I/O threads to run, so nothing spins on TCP.
+    sleep, as store clients do, while a core is free; ZeroMQ needs its I/O threads to run, so
+    nothing spins on TCP.
     """
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor

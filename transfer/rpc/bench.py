@@ -24,6 +24,7 @@ from collections.abc import Callable
 import zmq
 
 from transfer.rpc.client_server import RpcClient
+from transfer.rpc.spin import HEADROOM
 
 
 @dataclass
@@ -70,8 +71,9 @@ def rpc_throughput(client: RpcClient, count: int, outstanding: int) -> float:
 def _wait_readable(poll: Callable[[int], Any], spin: float, timeout_ms: int) -> bool:
     """Poll without sleeping for ``spin`` seconds, then block up to ``timeout_ms`` (-1: no
     limit): the Unix-socket floor busy-polls as daemons and store clients do on unix://
-    (rpc_busy_poll), or it would measure the host's wake-up latency instead of the transport."""
-    end = time.perf_counter() + spin
+    (rpc_busy_poll, and like them only while a core is free), or it would measure the host's
+    wake-up latency instead of the transport."""
+    end = time.perf_counter() + spin if spin and HEADROOM.free() else 0.0
     while time.perf_counter() < end:
         if poll(0):
             return True
