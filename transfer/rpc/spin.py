@@ -11,7 +11,7 @@ The kernel's count of runnable threads right now, the fourth field of /proc/load
 two apart. Read just after a request or reply went out, it counts the caller and the peer it has
 woken: at most one per core means each has a core and a spin costs nobody anything. The read
 costs a few µs against a round trip of about 20, so one sample serves every decision within
-SAMPLE_INTERVAL; a load that comes or goes is seen that much later.
+SAMPLE_INTERVAL; a program that starts or stops beside us is seen that much later.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-SAMPLE_INTERVAL = 1e-3
+SAMPLE_INTERVAL = 5e-3
 LOADAVG = "/proc/loadavg"
 
 
