@@ -507,8 +507,8 @@ class RpcClient:
     ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
     (an RpcError) and the next call connects again. ``busy_poll``: on a stream, how long a call
     polls for its reply without sleeping before it blocks, while a core is free for the daemon
-    (:mod:`transfer.rpc.spin`). ``secret``: the cluster secret, which
-    a daemon that has one requires (see :func:`transfer.auth.cluster_secret`)."""
+    (:mod:`transfer.rpc.spin`). ``secret``: the cluster secret, which a daemon that has one
+    requires (see :func:`transfer.auth.cluster_secret`)."""
 
     def __init__(
         self,
