@@ -83,7 +83,7 @@ def rpc(
         floors = {"tcp": "raw zmq echo tcp", "unix": "raw socket echo unix"}
         table = Table("measure", *(f"mooncake rpc {t}" for t, _ in views),
                       *(f"{floors[t]} (floor)" for t, _ in views),
-                      title="control-plane RPC, this host" + (f", {d['load']} busy loops beside it" if d["load"] else ""))
+                      title="control-plane RPC, this host" + (f", busy loops beside it: {d['load']}" if d["load"] else ""))
         for q in ("p50", "p99"):
             table.add_row(f"latency {q} (µs)", *(f"{v['latency_us'][q]:.0f}" for _, v in views),
                           *(f"{v['floor_latency_us'][q]:.0f}" for _, v in views))
