@@ -235,7 +235,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("rpc", "rpc_busy_poll", "duration", 200e-6,
        "On a same-host unix:// control socket, how long a daemon that just answered, or a store "
        "client awaiting the master's reply, polls without sleeping before it blocks: waking "
-       "from sleep costs tens of µs per round trip on an idle host; 0 never spins."),
+       "from sleep costs tens of µs per round trip on an idle host. Only while a core is free "
+       "(runnable threads in /proc/loadavg at most the cores): on a busy host the spin would hold "
+       "the core the peer needs, so it blocks at once. 0 never spins."),
     # topology
     _s("topology", "topology", "path", "",
        "Topology matrix file to load instead of discovering the local one."),

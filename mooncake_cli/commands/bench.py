@@ -20,6 +20,8 @@ OUTSTANDING = (1, 8, 64)
 @settings_options("rpc")
 def rpc(
     requests: int = typer.Option(20000, min=100, help="Requests per throughput run."),
+    load: int = typer.Option(0, min=0, help="CPU-bound processes to run beside the measurement, "
+                             "from start to end: the figures of a host another program keeps busy."),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,
@@ -31,18 +33,19 @@ def rpc(
     (what clients on this host use), next to a bare echo over each transport measured in the
     same run (the floor: a ZeroMQ ROUTER for TCP, a plain Unix socket for unix://). On
     unix:// the client, the daemon and the floor busy-poll for --rpc-busy-poll before they
-    sleep, as store clients do; ZeroMQ needs its I/O threads to run, so nothing spins on TCP.
+    sleep, as store clients do, while a core is free; ZeroMQ needs its I/O threads to run, so
+    nothing spins on TCP. --load N runs N busy loops beside it all (the JSON says how many).
     """
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.directory import daemon_address, local_daemon_address
     from daemons.cluster.workdir import ClusterPaths
-    from transfer.rpc.bench import RawEchoServer, raw_latency, rpc_latency, rpc_throughput
+    from transfer.rpc.bench import CpuLoad, RawEchoServer, raw_latency, rpc_latency, rpc_throughput
     from transfer.auth import cluster_secret
     from transfer.rpc.client_server import RpcClient
 
     latency_count = max(100, requests // 4)
-    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as workdir, CpuLoad(load):
         # The master alone: idle workers would only add noise to a latency measurement.
         cluster_config = config.replace(workdir=workdir, store_clients=0, prefill_workers=0, decode_workers=0)
         supervisor.up(cluster_config)
@@ -73,13 +76,14 @@ def rpc(
         }
 
     # The top-level figures are the TCP ones; "unix" adds the same-host path.
-    data = {**figures("tcp"), **({"unix": figures("unix")} if "unix" in measured else {})}
+    data = {**figures("tcp"), **({"unix": figures("unix")} if "unix" in measured else {}), "load": load}
 
     def render(d: dict) -> Table:
         views = [("tcp", d)] + ([("unix", d["unix"])] if "unix" in d else [])
         floors = {"tcp": "raw zmq echo tcp", "unix": "raw socket echo unix"}
         table = Table("measure", *(f"mooncake rpc {t}" for t, _ in views),
-                      *(f"{floors[t]} (floor)" for t, _ in views), title="control-plane RPC, this host")
+                      *(f"{floors[t]} (floor)" for t, _ in views),
+                      title="control-plane RPC, this host" + (f", busy loops beside it: {d['load']}" if d["load"] else ""))
         for q in ("p50", "p99"):
             table.add_row(f"latency {q} (µs)", *(f"{v['latency_us'][q]:.0f}" for _, v in views),
                           *(f"{v['floor_latency_us'][q]:.0f}" for _, v in views))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def test_bench_rpc_reports_tcp_and_unix_with_their_floors(mooncake):
-    data = mooncake.json("bench", "rpc", "--requests", "200")
+def test_bench_rpc_reports_tcp_and_unix_with_their_floors_beside_a_busy_loop(mooncake):
+    data = mooncake.json("bench", "rpc", "--requests", "200", "--load", "1")
+    assert data["load"] == 1
     for figures in (data, data["unix"]):
         assert figures["latency_us"]["requests"] == 100
         assert 0 < figures["latency_us"]["p50"] <= figures["latency_us"]["p99"]

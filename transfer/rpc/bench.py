@@ -9,6 +9,7 @@ address, then the Unix socket's path.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import zmq
 
 from transfer.rpc.client_server import RpcClient
+from transfer.rpc.spin import HEADROOM
 
 
 @dataclass
@@ -70,8 +72,9 @@ def rpc_throughput(client: RpcClient, count: int, outstanding: int) -> float:
 def _wait_readable(poll: Callable[[int], Any], spin: float, timeout_ms: int) -> bool:
     """Poll without sleeping for ``spin`` seconds, then block up to ``timeout_ms`` (-1: no
     limit): the Unix-socket floor busy-polls as daemons and store clients do on unix://
-    (rpc_busy_poll), or it would measure the host's wake-up latency instead of the transport."""
-    end = time.perf_counter() + spin
+    (rpc_busy_poll, and like them only while a core is free), or it would measure the host's
+    wake-up latency instead of the transport."""
+    end = time.perf_counter() + spin if spin and HEADROOM.free() else 0.0
     while time.perf_counter() < end:
         if poll(0):
             return True
@@ -148,6 +151,45 @@ class RawEchoServer:
     def __exit__(self, *exc: object) -> None:
         self.process.kill()
         self.process.wait()
+
+
+# A CPU-bound loop that also ends once its parent is gone (its parent pid is no longer the one
+# given: the hog was handed on to init) or after the seconds given, so a benchmark killed mid-run
+# leaves no hog behind. The parent's pid comes as an argument, in case it dies before we start.
+_HOG = """
+import os, sys, time
+parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+while os.getppid() == parent and time.monotonic() < end:
+    for _ in range(100_000):
+        pass
+"""
+
+
+class CpuLoad:
+    """``count`` CPU-bound processes running beside a measurement, owned by a ``with`` block:
+    the figure of a host that another program keeps busy, where a thread that busy-polls holds
+    the core its peer needs. Each stops at the block's end, or after ``limit`` seconds."""
+
+    def __init__(self, count: int, limit: float = 1800.0) -> None:
+        self.count, self.limit = count, limit
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self) -> CpuLoad:
+        try:
+            for _ in range(self.count):
+                self.processes.append(subprocess.Popen([sys.executable, "-c", _HOG, str(os.getpid()), str(self.limit)],
+                                                       stdin=subprocess.DEVNULL))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.wait()
+        self.processes = []
 
 
 def _serve_raw_echo(unix_path: str, spin: float) -> None:

@@ -51,7 +51,7 @@ import msgpack
 import zmq
 
 from transfer.auth import ClusterSecret, Credential
-from transfer.rpc import curve, stream
+from transfer.rpc import curve, spin, stream
 from transfer.rpc.log_throttle import LogThrottle
 from transfer.errors import (
     AuthenticationFailed,
@@ -218,7 +218,8 @@ class RpcServer:
             # Right after a stream request, poll without sleeping for a while: a client's next
             # request (a put's PutEnd after its PutStart) usually comes within it, and a thread
             # woken from sleep on an idle host takes tens of µs to run again. Not after ZeroMQ
-            # traffic: its I/O threads need the CPU a spinning thread would hold.
+            # traffic: its I/O threads need the CPU a spinning thread would hold. Nor while
+            # every core is taken (:mod:`transfer.rpc.spin`): the client needs ours.
             ready = zmq.zmq_poll(items, 0 if time.perf_counter() < spin_until else 500)
             # One ZeroMQ message per poll: a poll that finds something ready returns at once and
             # costs no more than the EVENTS check a drain loop would make, and a finished
@@ -236,7 +237,7 @@ class RpcServer:
                     self._refusals.read()
                 else:
                     self._stream_ready(item, events)
-                    if self._busy_poll:
+                    if self._busy_poll and spin.HEADROOM.free():
                         spin_until = time.perf_counter() + self._busy_poll
         self._send_finished_replies()
 
@@ -552,8 +553,9 @@ class RpcClient:
     ``unix://PATH`` speaks the stream transport (:mod:`transfer.rpc.stream`), any other address
     ZeroMQ. On a stream whose peer dies, calls waiting on it end at once with ConnectionLost
     (an RpcError) and the next call connects again. ``busy_poll``: on a stream, how long a call
-    polls for its reply without sleeping before it blocks. ``secret``: the cluster secret, which
-    a daemon that has one requires (see :func:`transfer.auth.cluster_secret`)."""
+    polls for its reply without sleeping before it blocks, while a core is free for the daemon
+    (:mod:`transfer.rpc.spin`). ``secret``: the cluster secret, which a daemon that has one
+    requires (see :func:`transfer.auth.cluster_secret`)."""
 
     def __init__(
         self,
@@ -643,8 +645,9 @@ class RpcClient:
 
     def _wait(self, call: PendingCall) -> Reply:
         # Poll without sleeping for busy_poll first: a control-plane reply usually comes within
-        # it, and waking from sleep on an idle host costs more than the reply takes.
-        spin_until = time.perf_counter() + self._spin
+        # it, and waking from sleep on an idle host costs more than the reply takes. Not while
+        # every core is taken: the spin would hold the core the daemon needs to answer.
+        spin_until = time.perf_counter() + self._spin if self._spin and spin.HEADROOM.free() else 0.0
         while True:
             with self._lock:
                 outcome = self._take(call.id)
