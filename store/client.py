@@ -36,7 +36,7 @@ from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import cluster_secret
 from store.tenants import scoped_key
-from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
+from transfer.batch import OpCode, Status, TransferRequest, TransferStatus, cut
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.from_settings import open_engine
 from transfer.memory import copy_into
@@ -246,18 +246,31 @@ class StoreClient:
                 del pending[i]
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
-            in_memory = [(i, r) for i, r in attempt if r.tier == ReplicaTier.MEMORY.value]
-            moves = {i: k for k, (i, _) in enumerate(in_memory)}
-            moving = self._start_move(OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])
+            # A checked object is read in pieces of a slice, hashed piece by piece as each lands
+            # while the engine's threads copy the pieces (and objects) after it: the checksum
+            # pass overlaps the copy instead of following it.
+            pieces: dict[int, list[tuple[int, int]]] = {}
+            moves: list[tuple[int, ReplicaDescriptor, int]] = []
+            for i, replica in attempt:
+                if replica.tier == ReplicaTier.MEMORY.value:
+                    pieces[i] = (cut(lists[i].size, self.config.slice_size, self.config.slice_size)
+                                 if self._checked(lists[i]) else [(0, lists[i].size)])
+                    moves += [(targets[i][0] + offset, replica._replace(address=replica.address + offset), length)
+                              for offset, length in pieces[i]]
+            moving = self._start_move(OpCode.READ, moves)
             try:
-                # In submission order: an object is verified while the engine's threads still
-                # copy the ones after it.
+                landed = 0  # moves of the objects before this one
                 for i, replica in attempt:
-                    error = moving.wait(moves[i]) if i in moves else self.disk.read(
-                        scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                    digest = None
+                    if i in pieces:
+                        error, digest = self._land(moving, landed, targets[i][0], pieces[i])
+                        landed += len(pieces[i])
+                    else:
+                        error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica,
+                                               targets[i][0])
                     if error is None:
-                        error = self._verify(lists[i], targets[i][0], asked)
-                    if error is None and i not in moves and lists[i].promote:
+                        error = self._verify(lists[i], targets[i][0], asked, digest)
+                    if error is None and i not in pieces and lists[i].promote:
                         self._promote(lists[i], targets[i][0])
                     if error is None or not pending[i]:
                         results[i] = error if error is not None else lists[i].size
@@ -282,12 +295,34 @@ class StoreClient:
         except MooncakeError:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
-    def _verify(self, replicas: ReplicaList, address: int, asked: float) -> MooncakeError | None:
+    def _checked(self, replicas: ReplicaList) -> bool:
+        """Whether a read of the object is verified against its checksum."""
+        return bool(self.config.checksum) and replicas.checksum is not None
+
+    def _land(self, moving: _Moving, first: int, address: int,
+              pieces: list[tuple[int, int]]) -> tuple[MooncakeError | None, int | None]:
+        """Wait for an object's pieces (moves ``first`` on) in order; None or the first error,
+        and for an object read in several pieces (a checked one) the checksum of the bytes that
+        landed, hashed as they land. One piece: _verify hashes it in one call."""
+        hasher = xxhash.xxh3_64() if len(pieces) > 1 else None
+        for k, (offset, length) in enumerate(pieces):
+            error = moving.wait(first + k)
+            if error is not None:
+                return error, None
+            if hasher is not None:
+                hasher.update(self.engine.buffer_at(address + offset, length))
+        return None, hasher.intdigest() if hasher is not None else None
+
+    def _verify(self, replicas: ReplicaList, address: int, asked: float,
+                digest: int | None = None) -> MooncakeError | None:
+        """The lease still held when the copy ended, and the bytes at ``address`` (whose
+        checksum is ``digest`` when already taken) are those put."""
         if time.monotonic() > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
-        if (self.config.checksum and replicas.checksum is not None
-                and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
-            return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
+        if self._checked(replicas):
+            actual = digest if digest is not None else checksum_of(self.engine.buffer_at(address, replicas.size))
+            if actual != replicas.checksum:
+                return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
         return None
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
