@@ -24,7 +24,7 @@ import mmap
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import xxhash
 
@@ -36,14 +36,11 @@ from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import cluster_secret
 from store.tenants import scoped_key
-from transfer.batch import OpCode, Status, TransferRequest, TransferStatus, cut
+from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import TransferFailed, TransferTimeout
 from transfer.from_settings import open_engine
 from transfer.memory import copy_into
 from transfer.settings import Config, resolve
-
-if TYPE_CHECKING:
-    from transfer.engine import TransferEngine
 
 
 # A move this small runs on the calling thread when shared memory or TCP reaches the replica:
@@ -169,17 +166,13 @@ class StoreClient:
             raise InvalidParams("keys, addresses and sizes must have the same length")
         # AddressNotRegistered before the master allocates anything.
         views = [self.engine.buffer_at(a, max(n, 1)) for a, n in zip(addresses, sizes)]
+        checksums = [checksum_of(v[:n]) if self.config.checksum and n > 0 else None
+                     for v, n in zip(views, sizes)]
         config = self.replicate_config(**replication)
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
-        moving = self._start_move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes])
-        try:
-            # While the engine's threads copy: both only read the source.
-            checksums = [checksum_of(v[:n]) if self.config.checksum and n > 0 and results[i] is None else None
-                         for i, (v, n) in enumerate(zip(views, sizes))]
-        finally:
-            failed = moving.finish()
+        failed = self._move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes])
         for (i, _), error in zip(writes, failed):
             if error is not None and results[i] is None:
                 results[i] = error
@@ -246,37 +239,19 @@ class StoreClient:
                 del pending[i]
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
-            # A checked object is read in pieces of a slice, hashed piece by piece as each lands
-            # while the engine's threads copy the pieces (and objects) after it: the checksum
-            # pass overlaps the copy instead of following it.
-            pieces: dict[int, list[tuple[int, int]]] = {}
-            moves: list[tuple[int, ReplicaDescriptor, int]] = []
+            in_memory = [(i, r) for i, r in attempt if r.tier == ReplicaTier.MEMORY.value]
+            errors = dict(zip((i for i, _ in in_memory), self._move(
+                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
             for i, replica in attempt:
-                if replica.tier == ReplicaTier.MEMORY.value:
-                    pieces[i] = (cut(lists[i].size, self.config.slice_size, self.config.slice_size)
-                                 if self._checked(lists[i]) else [(0, lists[i].size)])
-                    moves += [(targets[i][0] + offset, replica._replace(address=replica.address + offset), length)
-                              for offset, length in pieces[i]]
-            moving = self._start_move(OpCode.READ, moves)
-            try:
-                landed = 0  # moves of the objects before this one
-                for i, replica in attempt:
-                    digest = None
-                    if i in pieces:
-                        error, digest = self._land(moving, landed, targets[i][0], pieces[i])
-                        landed += len(pieces[i])
-                    else:
-                        error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica,
-                                               targets[i][0])
-                    if error is None:
-                        error = self._verify(lists[i], targets[i][0], asked, digest)
-                    if error is None and i not in pieces and lists[i].promote:
-                        self._promote(lists[i], targets[i][0])
-                    if error is None or not pending[i]:
-                        results[i] = error if error is not None else lists[i].size
-                        del pending[i]
-            finally:
-                moving.finish()
+                error = errors[i] if i in errors else self.disk.read(
+                    scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                if error is None:
+                    error = self._verify(lists[i], targets[i][0], asked)
+                if error is None and i not in errors and lists[i].promote:
+                    self._promote(lists[i], targets[i][0])
+                if error is None or not pending[i]:
+                    results[i] = error if error is not None else lists[i].size
+                    del pending[i]
         self.stats.record_gets(results)
         return results
 
@@ -295,34 +270,12 @@ class StoreClient:
         except MooncakeError:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
-    def _checked(self, replicas: ReplicaList) -> bool:
-        """Whether a read of the object is verified against its checksum."""
-        return bool(self.config.checksum) and replicas.checksum is not None
-
-    def _land(self, moving: _Moving, first: int, address: int,
-              pieces: list[tuple[int, int]]) -> tuple[MooncakeError | None, int | None]:
-        """Wait for an object's pieces (moves ``first`` on) in order; None or the first error,
-        and for an object read in several pieces (a checked one) the checksum of the bytes that
-        landed, hashed as they land. One piece: _verify hashes it in one call."""
-        hasher = xxhash.xxh3_64() if len(pieces) > 1 else None
-        for k, (offset, length) in enumerate(pieces):
-            error = moving.wait(first + k)
-            if error is not None:
-                return error, None
-            if hasher is not None:
-                hasher.update(self.engine.buffer_at(address + offset, length))
-        return None, hasher.intdigest() if hasher is not None else None
-
-    def _verify(self, replicas: ReplicaList, address: int, asked: float,
-                digest: int | None = None) -> MooncakeError | None:
-        """The lease still held when the copy ended, and the bytes at ``address`` (whose
-        checksum is ``digest`` when already taken) are those put."""
+    def _verify(self, replicas: ReplicaList, address: int, asked: float) -> MooncakeError | None:
         if time.monotonic() > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
-        if self._checked(replicas):
-            actual = digest if digest is not None else checksum_of(self.engine.buffer_at(address, replicas.size))
-            if actual != replicas.checksum:
-                return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
+        if (self.config.checksum and replicas.checksum is not None
+                and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
+            return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
         return None
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
@@ -331,11 +284,6 @@ class StoreClient:
 
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
-        return self._start_move(opcode, moves).finish()
-
-    def _start_move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> _Moving:
-        """Start one engine batch: what is small enough moves now on this thread, the rest is
-        handed to the engine; the caller may work meanwhile, then must call ``finish``."""
         results: list[MooncakeError | None] = [None] * len(moves)
         requests, index = [], []
         handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
@@ -359,15 +307,24 @@ class StoreClient:
             batched = [(n, r) for n, r, outcome in zip(index, requests, outcomes) if outcome is False]
             index, requests = [n for n, _ in batched], [r for _, r in batched]
         if not requests:
-            return _Moving(self.engine, results, None, [])
+            return results
         batch = self.engine.allocate_batch_id(len(requests))
         try:
             self.engine.submit_transfer(batch, requests)
-        except MooncakeError as exc:  # refused before anything moved: finish only frees the batch
+            self.engine.wait_batch(batch)
+            for k, n in enumerate(index):
+                status = self.engine.get_transfer_status(batch, k)
+                if status.status != Status.COMPLETED:
+                    results[n] = _transfer_error(status)
+        except MooncakeError as exc:
             for n in index:
-                results[n] = exc
-            return _Moving(self.engine, results, batch, [])
-        return _Moving(self.engine, results, batch, index)
+                results[n] = results[n] or exc
+        finally:
+            try:
+                self.engine.free_batch_id(batch)
+            except MooncakeError:
+                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
+        return results
 
     def move_ranges(self, opcode: OpCode,
                     ranges: list[tuple[int, ReplicaDescriptor, int, int]]) -> list[MooncakeError | None]:
@@ -500,48 +457,6 @@ def _on_segment(item: ReplicaList | MooncakeError, segment_id: str | None) -> Re
     if not replicas:
         return ObjectNotFound(f"{item.key!r} has no replica on segment {segment_id!r}")
     return dataclasses.replace(item, replicas=replicas)
-
-
-class _Moving:
-    """An engine batch the store client started; ``finish`` waits for it and frees it."""
-
-    def __init__(self, engine: TransferEngine, results: list[MooncakeError | None], batch: int | None,
-                 index: list[int]) -> None:
-        self._engine, self._results, self._batch, self._index = engine, results, batch, index
-        self._in_batch = {n: k for k, n in enumerate(index)}  # move -> its request in the batch
-
-    def wait(self, n: int) -> MooncakeError | None:
-        """Wait for move ``n`` alone: None once its bytes are in place, or its error."""
-        k = self._in_batch.get(n)
-        if k is not None and self._batch is not None:
-            try:
-                status = self._engine.wait_transfer(self._batch, k)
-                if status.status != Status.COMPLETED:
-                    self._results[n] = _transfer_error(status)
-            except MooncakeError as exc:
-                self._results[n] = exc
-        return self._results[n]
-
-    def finish(self) -> list[MooncakeError | None]:
-        """Per move None or the error that ended it."""
-        if self._batch is None:
-            return self._results
-        results, engine = self._results, self._engine
-        try:
-            engine.wait_batch(self._batch)
-            for k, n in enumerate(self._index):
-                status = engine.get_transfer_status(self._batch, k)
-                if status.status != Status.COMPLETED:
-                    results[n] = _transfer_error(status)
-        except MooncakeError as exc:
-            for n in self._index:
-                results[n] = results[n] or exc
-        finally:
-            try:
-                engine.free_batch_id(self._batch)
-            except MooncakeError:
-                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
-        return results
 
 
 def _transfer_error(status: TransferStatus) -> MooncakeError:

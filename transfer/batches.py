@@ -137,38 +137,24 @@ class BatchMixin:
         still be retrying on another path; waiting for every request keeps a caller that frees
         or reuses the batch (or its buffers) from racing with requests still in flight.
         """
-        with self._batch_lock:
-            tasks = self._batch(batch_id).tasks
-        self._wait_settled(tasks, 0, len(tasks), timeout)
-        return self.get_batch_transfer_status(batch_id)
-
-    def wait_transfer(self, batch_id: int, index: int, timeout: float | None = None) -> TransferStatus:
-        """Block until request ``index`` of the batch is no longer pending; its status. A caller
-        can work on a request whose bytes landed while the later ones still move."""
-        with self._batch_lock:
-            tasks = self._batch(batch_id).tasks
-            if not 0 <= index < len(tasks):
-                raise InvalidArgument(f"batch {batch_id} has no request {index}")
-        self._wait_settled(tasks, index, index + 1, timeout)
-        return tasks[index].status()
-
-    def _wait_settled(self, tasks: list[Task], first: int, end: int, timeout: float | None) -> None:
-        """Wait until none of ``tasks[first:end]`` is PENDING, or ``timeout`` passed. A request
-        stays settled once it is, and requests mostly settle in the order they were submitted:
-        each wake-up looks from the first unsettled one on, not at all of them (a batch of 128
-        small requests wakes this up to 128 times). Checked under the lock that ``done`` and
-        ``failed`` notify with, so a request settling between the check and the wait is never
-        missed."""
         limit = None if timeout is None else time.monotonic() + timeout
-        settled = first
+        with self._batch_lock:
+            tasks = self._batch(batch_id).tasks
+        # A request stays settled (not PENDING) once it is, and requests mostly settle in the
+        # order they were submitted: each wake-up looks at the first unsettled one onwards, not
+        # at all of them (a batch of 128 small requests wakes this up to 128 times). Checked
+        # under the lock that ``done`` notifies with, so a request settling between the check
+        # and the wait cannot be missed.
+        settled = 0
         with self._progress:
             while True:
                 now = time.monotonic()
-                while settled < end and tasks[settled].status(now).status != Status.PENDING:
+                while settled < len(tasks) and tasks[settled].status(now).status != Status.PENDING:
                     settled += 1
-                if settled == end or (limit is not None and now >= limit):
-                    return
+                if settled == len(tasks) or (limit is not None and now >= limit):
+                    break
                 self._progress.wait(0.05)
+        return self.get_batch_transfer_status(batch_id)
 
     def transfer_sync(self, requests: list[TransferRequest]) -> int:
         """Submit, wait, free; raises TransferFailed / TransferTimeout. Returns bytes moved."""

@@ -172,25 +172,3 @@ def test_transfer_now_many_moves_tcp_requests_on_the_callers_thread(make_engine)
     base = initiator.segment_descriptor(handle).buffers[0].address
     assert initiator.transfer_now_many([TransferRequest(OpCode.WRITE, source, handle, base, 4096)]) == [True]
     assert (remote[:4096] == 1).all()
-
-
-@pytest.mark.parametrize("protocol", ["tcp", "shm"])
-def test_wait_transfer_returns_each_request_as_it_lands(make_engine, protocol):
-    """Many small requests of one batch (the shm copy threads drain them from one queue):
-    waiting on each in turn sees its bytes in place; an index outside the batch is refused."""
-    target, initiator, remote, handle = _pair(make_engine, protocol=protocol)
-    data = np.random.default_rng(2).integers(0, 256, 64 * 64 * 1024, dtype=np.uint8)
-    source = initiator.register_local_memory(data)
-    base = initiator.segment_descriptor(handle).buffers[0].address
-    block = 64 * 1024
-    batch = initiator.allocate_batch_id(64)
-    initiator.submit_transfer(batch, [TransferRequest(OpCode.WRITE, source + i * block, handle,
-                                                      base + i * block, block) for i in range(64)])
-    for i in range(64):
-        status = initiator.wait_transfer(batch, i)
-        assert status.status == Status.COMPLETED and status.transferred_bytes == block
-        assert np.array_equal(remote[i * block:(i + 1) * block], data[i * block:(i + 1) * block])
-    with pytest.raises(InvalidArgument):
-        initiator.wait_transfer(batch, 64)
-    assert initiator.wait_batch(batch).transferred_bytes == len(data)
-    initiator.free_batch_id(batch)
