@@ -1,8 +1,8 @@
 """The shared-memory transport: same-host peers whose buffers live in named /dev/shm regions.
 
-The initiator maps the peer's region once (cached per region name) and a slice is one numpy
-copy between the two views; numpy releases the GIL for the copy, so the copy threads run in
-parallel with each other and with the rest of the engine. A submission is one queue of slices
+The initiator maps the peer's region once (cached per region name) and a slice is one copy
+between the two views; above ``transfer.memory.SMALL_COPY`` it is numpy's, which releases the
+GIL, so the copy threads run in parallel with each other and with the rest of the engine. A submission is one queue of slices
 that every copy thread drains, not one pool task per slice: for a 64 KiB slice the hand-off to
 the pool costs more than the copy. A region that cannot be opened means the peer restarted or
 went away: the slice fails without retry.
@@ -61,7 +61,11 @@ class ShmTransport(Transport):
         except (OSError, ValueError) as exc:
             self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
             return
-        _copy(piece.opcode, piece.local, remote)
+        try:
+            _copy(piece.opcode, piece.local, remote)
+        except Exception as exc:  # reported, or its request would wait for its deadline
+            self._sink.failed(piece, f"copy failed: {exc!r}", None, fatal=True)
+            return
         self._sink.done(piece)
 
     def region_view(self, peer: SegmentDescriptor, buffer: BufferDesc) -> memoryview:
