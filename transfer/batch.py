@@ -88,6 +88,12 @@ class Task:
     def finished(self) -> bool:
         return self._failed is not None or self._remaining == 0
 
+    def pending(self, now: float) -> bool:
+        """``status(now).status == Status.PENDING`` without building the status (checked for
+        every request of a batch whenever one is freed or waited for)."""
+        with self._lock:
+            return self._failed is None and self._remaining != 0 and now <= self.deadline
+
     def status(self, now: float | None = None) -> TransferStatus:
         with self._lock:
             if self._failed is not None:
@@ -124,7 +130,8 @@ class Batch:
         self.tasks: list[Task] = []
 
     def pending(self, now: float | None = None) -> bool:
-        return any(t.status(now).status == Status.PENDING for t in self.tasks)
+        now = time.monotonic() if now is None else now
+        return any(t.pending(now) for t in self.tasks)
 
 
 FRAGMENT_RATIO = 4

@@ -75,7 +75,7 @@ class BatchMixin:
             batch.tasks.extend(tasks)
         by_transport: dict[Transport, list[Slice]] = {}
         for task, (local, peer, _, transport) in zip(tasks, planned):
-            pieces = self._slices(task, local.location, peer, transport)
+            pieces = self._slices(task, local, peer, transport)
             task.expect(len(pieces))
             by_transport.setdefault(transport, []).extend(pieces)
         for transport, pieces in by_transport.items():
@@ -110,11 +110,13 @@ class BatchMixin:
                 return transport
         raise DeviceNotFound(f"no {self.options.protocol} transport reaches segment {peer.name!r}")
 
-    def _slices(self, task: Task, location: str, peer: SegmentDescriptor,
+    def _slices(self, task: Task, local: RegisteredBuffer, peer: SegmentDescriptor,
                 transport: Transport) -> list[Slice]:
+        """``local``: the registered buffer holding the request's local side (from _plan)."""
         request = task.request
-        local = self.memory.view(request.source, request.length)
-        return [Slice(task, index, local[offset:offset + length], location,
+        start = request.source - local.address
+        view = local.view[start:start + request.length]
+        return [Slice(task, index, view[offset:offset + length], local.location,
                       request.target_offset + offset, peer, transport)
                 for index, (offset, length) in enumerate(
                     cut(request.length, self.options.slice_size, self.options.slice_threshold))]
@@ -144,13 +146,23 @@ class BatchMixin:
         or reuses the batch (or its buffers) from racing with requests still in flight.
         """
         limit = None if timeout is None else time.monotonic() + timeout
-        while True:
-            statuses = self._request_statuses(batch_id)
-            in_flight = any(s.status == Status.PENDING for s in statuses)
-            if not in_flight or (limit is not None and time.monotonic() >= limit):
-                return _summarize(statuses)
-            with self._progress:
+        with self._batch_lock:
+            tasks = self._batch(batch_id).tasks
+        # A request stays settled (not PENDING) once it is, and requests mostly settle in the
+        # order they were submitted: each wake-up looks at the first unsettled one onwards, not
+        # at all of them (a batch of 128 small requests wakes this up to 128 times). Checked
+        # under the lock that ``done`` notifies with, so a request settling between the check
+        # and the wait cannot be missed.
+        settled = 0
+        with self._progress:
+            while True:
+                now = time.monotonic()
+                while settled < len(tasks) and not tasks[settled].pending(now):
+                    settled += 1
+                if settled == len(tasks) or (limit is not None and now >= limit):
+                    break
                 self._progress.wait(0.05)
+        return self.get_batch_transfer_status(batch_id)
 
     def transfer_sync(self, requests: list[TransferRequest]) -> int:
         """Submit, wait, free; raises TransferFailed / TransferTimeout. Returns bytes moved."""

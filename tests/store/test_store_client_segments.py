@@ -47,3 +47,31 @@ def test_read_from_a_chosen_segment_and_copy_from_held_memory(mooncake):
         assert [r.segment_id for r in worker.get_replicas("c").replicas] == [pool]
         assert isinstance(worker.batch_copy_from(["missing"], [base], [4096], mine)[0], ObjectNotFound)
         worker.unregister_buffer(base)
+
+
+def test_a_get_verifies_every_object_against_its_checksum(mooncake):
+    """A batch get of objects in the reader's own segment, one bigger than a slice: each comes
+    back intact; a byte changed in the segment after the put fails that object alone with
+    ChecksumMismatch."""
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        sizes = {"big": (3 << 20) + 4321, "small": 4096, "odd": 70_001}
+        values = {key: np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()}
+        for key, value in values.items():
+            client.put(key, value, preferred_segments=(mine,), replicas=1)
+        sink = np.zeros(sum(sizes.values()), dtype=np.uint8)
+        base = client.register_buffer(sink)
+        offsets = np.cumsum([0, *sizes.values()])[:-1].tolist()
+        addresses = [base + offset for offset in offsets]
+
+        assert client.batch_get_into(list(sizes), addresses, list(sizes.values())) == list(sizes.values())
+        for key, offset in zip(sizes, offsets):
+            assert np.array_equal(sink[offset:offset + sizes[key]], values[key])
+
+        # Flip the big object's last byte where it lives, in the segment.
+        replica = client.get_replicas("big").replicas[0]
+        client.owner.buffer[replica.address - client.owner.segment.base + sizes["big"] - 1] ^= 0xFF
+        results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
+        assert isinstance(results[0], ChecksumMismatch) and results[1:] == [sizes["small"], sizes["odd"]]
+        client.unregister_buffer(base)
