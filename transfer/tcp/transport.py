@@ -62,18 +62,25 @@ class TcpTransport(Transport):
         return bool(peer.endpoints)
 
     def submit(self, pieces: list[Slice]) -> None:
+        """Stripe the pieces over paths and streams by their position in this submission, so
+        a batch of many one-slice requests runs on every stream at once, as the slices of one
+        big request do (a retry comes alone and walks the paths by its attempt number)."""
         now = time.monotonic()
         groups: dict[Connection, list[Slice]] = {}
         routes: dict[tuple, Connection] = {}  # one path choice per distinct route, not per slice
+        lanes: dict[str, int] = {}  # location -> its NICs x streams: stripes repeat with this period
         with self._lock:
-            for piece in pieces:
-                peer = piece.peer
-                route = (peer.name, peer.incarnation, piece.location, piece.index, piece.attempt)
+            for stripe, piece in enumerate(pieces):
+                peer, location = piece.peer, piece.location
+                period = lanes.get(location)
+                if period is None:
+                    period = lanes[location] = self._nics(location) * self._streams
+                lane = stripe % period
+                route = (peer.name, peer.incarnation, location, lane, piece.attempt)
                 connection = routes.get(route)
                 if connection is None:
-                    nic = self._paths.choose(piece.location, piece.index, piece.attempt, now)
-                    preferred, secondary = self._paths.tiers(piece.location)
-                    stream = (piece.index // max(1, len(preferred or secondary))) % self._streams
+                    nic = self._paths.choose(location, lane, piece.attempt, now)
+                    stream = (lane // self._nics(location)) % self._streams
                     connection = routes[route] = self._connection(peer, nic, stream)
                 group = groups.get(connection)
                 if group is None:
@@ -84,6 +91,11 @@ class TcpTransport(Transport):
             if not connection.enqueue(group):  # died between lookup and enqueue
                 for piece in group:
                     self._sink.failed(piece, "connection closed before sending", connection.nic)
+
+    def _nics(self, location: str) -> int:
+        """How many NICs a first attempt from ``location`` stripes over."""
+        preferred, secondary = self._paths.tiers(location)
+        return max(1, len(preferred or secondary))
 
     def _connection(self, peer: SegmentDescriptor, nic: str, stream: int) -> Connection:
         local_host = self._local_address(nic)
