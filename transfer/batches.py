@@ -72,7 +72,7 @@ class BatchMixin:
             batch.tasks.extend(tasks)
         by_transport: dict[Transport, list[Slice]] = {}
         for task, (local, peer, _, transport) in zip(tasks, planned):
-            pieces = self._slices(task, local.location, peer, transport)
+            pieces = self._slices(task, local, peer, transport)
             task.expect(len(pieces))
             by_transport.setdefault(transport, []).extend(pieces)
         for transport, pieces in by_transport.items():
@@ -104,12 +104,14 @@ class BatchMixin:
                 return transport
         raise DeviceNotFound(f"no {self.options.protocol} transport reaches segment {peer.name!r}")
 
-    def _slices(self, task: Task, location: str, peer: SegmentDescriptor,
+    def _slices(self, task: Task, local: RegisteredBuffer, peer: SegmentDescriptor,
                 transport: Transport) -> list[Slice]:
+        """``local``: the registered buffer holding the request's source (found by _plan)."""
         request = task.request
-        local = self.memory.view(request.source, request.length)
-        return [Slice(task, index, local[offset:offset + length], location,
-                      request.target_offset + offset, peer, transport)
+        start = request.source - local.address
+        view = local.view[start:start + request.length]
+        return [Slice(task, index, view[offset:offset + length] if length < request.length else view,
+                      local.location, request.target_offset + offset, peer, transport)
                 for index, (offset, length) in enumerate(
                     cut(request.length, self.options.slice_size, self.options.slice_threshold))]
 

@@ -331,14 +331,12 @@ class TransferEngine(BatchMixin):
 
     # -- GPU staging: device -> mirror before a WRITE leaves, mirror -> device after a READ ------
 
-    def _slices(self, task: Task, location: str, peer: SegmentDescriptor,
+    def _slices(self, task: Task, local: RegisteredBuffer, peer: SegmentDescriptor,
                 transport: Transport) -> list[Slice]:
-        pieces = super()._slices(task, location, peer, transport)
+        pieces = super()._slices(task, local, peer, transport)
         request = task.request
-        if request.opcode == OpCode.WRITE and location.startswith("cuda"):
-            buffer = self.memory.find(request.source, request.length)
-            if self._staged(buffer, transport):
-                buffer.device.to_host(buffer.view, request.source - buffer.address, request.length)
+        if request.opcode == OpCode.WRITE and local.location.startswith("cuda") and self._staged(local, transport):
+            local.device.to_host(local.view, request.source - local.address, request.length)
         return pieces
 
     def done(self, piece: Slice) -> None:
