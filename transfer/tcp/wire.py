@@ -52,7 +52,7 @@ ACK_INTERVAL = 0.005  # seconds: held WRITE acks are flushed at least this often
 SEND_CHUNK = 4 << 20  # bytes per sendmsg when the caller tracks progress
 SEND_BUFFER = 4 << 20  # SO_SNDBUF requested for data connections
 IOV_MAX = 1024  # buffers per sendmsg / recvmsg_into call (Linux UIO_MAXIOV)
-RECEIVE_BUFFER = 64 << 10  # bytes a Receiver reads ahead: headers and small payloads in one call
+RECEIVE_BUFFER = 16 << 10  # bytes a Receiver reads ahead: headers and small payloads in one call
 _LENGTH = struct.Struct("<I")
 MAX_HELLO = 64 * 1024
 
@@ -138,7 +138,9 @@ class Receiver:
         return first
 
     def fill(self, views: list[memoryview], progress: Callable[[], None] | None = None) -> None:
-        """Fill each flat byte view in turn: first from the buffer, then from the socket."""
+        """Fill each flat byte view in turn: first from the buffer, then from the socket. (Not
+        with MSG_WAITALL: a 1 MiB READ that waited for all its bytes in one call measured
+        slower, ~650 against ~490 us, than one call per burst of segments.)"""
         views = list(views)
         first = self.drain_into(views, advance(views, 0, 0))
         while first < len(views):
