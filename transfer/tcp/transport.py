@@ -1,13 +1,14 @@
 """The TCP transport: path choice per slice, a SIEVE-bounded endpoint pool, and a watchdog.
 
-Each slice picks a local path (NIC) from the topology matrix and a stream on it; the pool key
-is (peer, incarnation, local NIC, peer endpoint, stream), so different slices of one request
-run on different connections in parallel. The pool keeps at most ``pool_size`` connections;
+Each slice picks a local path (NIC) from the topology matrix and a stream on it by its position
+in the submission; the pool key is (peer, incarnation, local NIC, peer endpoint, stream), so the
+slices of one batch (of one big request, or of many small ones) run on different connections in
+parallel. The pool keeps at most ``pool_size`` connections;
 an evicted one finishes its in-flight slices before closing. A connection that dies is dropped
 from the pool at once and rebuilt on next use. The watchdog declares dead a connection that has
 work but made no progress for ``slice_timeout`` (a peer that stopped, a link that went down:
 TCP alone would wait for minutes). Small transfers can skip all that: :meth:`move_now` moves
-them on the calling thread's own link (see tcp_inline), bounded by a socket timeout instead.
+them on the calling thread's own link (see tcp_inline), bounded by the kernel's socket timeouts.
 """
 
 from __future__ import annotations
