@@ -25,6 +25,7 @@ from transfer.shm.transport import ShmTransport
 from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
 
+_HANDOFF = 32  # requests of a submission cut before their slices go to the transports
 _SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
 
 
@@ -73,13 +74,17 @@ class BatchMixin:
                                       f"{len(batch.tasks)} used, {len(requests)} more submitted")
             tasks = [Task(r, deadline) for r in requests]
             batch.tasks.extend(tasks)
-        by_transport: dict[Transport, list[Slice]] = {}
-        for task, (local, peer, _, transport) in zip(tasks, planned):
-            pieces = self._slices(task, local, peer, transport)
-            task.expect(len(pieces))
-            by_transport.setdefault(transport, []).extend(pieces)
-        for transport, pieces in by_transport.items():
-            transport.submit(pieces)
+        # Validated: the slices of every _HANDOFF requests leave at once, so the transports
+        # move the first ones while the rest are still being cut.
+        for first in range(0, len(tasks), _HANDOFF):
+            by_transport: dict[Transport, list[Slice]] = {}
+            for task, (local, peer, _, transport) in zip(tasks[first:first + _HANDOFF],
+                                                         planned[first:first + _HANDOFF]):
+                pieces = self._slices(task, local, peer, transport)
+                task.expect(len(pieces))
+                by_transport.setdefault(transport, []).extend(pieces)
+            for transport, pieces in by_transport.items():
+                transport.submit(pieces)
 
     def _plan(self, request: TransferRequest, seen: _Seen | None = None,
               ) -> tuple[RegisteredBuffer, SegmentDescriptor, BufferDesc, Transport]:
@@ -112,12 +117,12 @@ class BatchMixin:
 
     def _slices(self, task: Task, local: RegisteredBuffer, peer: SegmentDescriptor,
                 transport: Transport) -> list[Slice]:
-        """``local``: the registered buffer holding the request's local side (from _plan)."""
+        """``local``: the registered buffer holding the request's source (found by _plan)."""
         request = task.request
         start = request.source - local.address
         view = local.view[start:start + request.length]
-        return [Slice(task, index, view[offset:offset + length], local.location,
-                      request.target_offset + offset, peer, transport)
+        return [Slice(task, index, view[offset:offset + length] if length < request.length else view,
+                      local.location, request.target_offset + offset, peer, transport)
                 for index, (offset, length) in enumerate(
                     cut(request.length, self.options.slice_size, self.options.slice_threshold))]
 

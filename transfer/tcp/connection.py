@@ -168,10 +168,10 @@ class Connection:
     # -- reader thread --------------------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        reader = ResponseReader()
+        reader = ResponseReader(self._sock)  # type: ignore[arg-type]
         try:
             while True:
-                responses = reader.read(self._sock, self._read_views, self._touch)  # type: ignore[arg-type]
+                responses = reader.read(self._read_views, self._touch)
                 with self._cv:
                     if self.dead:  # killed meanwhile: kill() already reported them
                         break

@@ -30,7 +30,7 @@ from transfer.grants import TOKEN_BYTES, GrantedRanges
 from transfer.memory import MemoryRegistry
 from transfer.rpc.log_throttle import LogThrottle
 from transfer.tcp.wire import (ACK_INTERVAL, ACKS, FRAME, GROUP, IOV_MAX, MAX_GROUP, READ_DATA,
-                               REQUEST, RESPONSE, PeerClosed, advance, recv_exact, recv_message,
+                               REQUEST, RESPONSE, PeerClosed, Receiver, advance, recv_message,
                                send_all, send_message, tune)
 
 log = logging.getLogger(__name__)
@@ -152,21 +152,18 @@ class TcpTarget:
 
     def _serve_requests(self, conn: socket.socket, granted: GrantedRanges | None) -> None:
         """``granted``: for a tenant's connection, the ranges its grants let it move."""
-        group = bytearray(GROUP.size)
-        headers = memoryview(bytearray(MAX_GROUP * REQUEST.size))
+        receiver = Receiver(conn)
         scratch: memoryview | None = None  # where refused WRITE payloads are drained
         while True:
-            recv_exact(conn, memoryview(group))
-            count, grant_bytes = GROUP.unpack(group)
+            count, grant_bytes = GROUP.unpack(receiver.exact(GROUP.size))
             if not 0 < count <= MAX_GROUP:
                 raise ConnectionError(f"request group of {count} requests")
             if grant_bytes > MAX_GROUP * TOKEN_BYTES:
                 raise ConnectionError(f"request group with {grant_bytes} bytes of grants")
-            block = headers[:count * REQUEST.size]
-            recv_exact(conn, block)
+            requests = list(REQUEST.iter_unpack(receiver.exact(count * REQUEST.size)))
             if grant_bytes:
-                tokens = bytearray(grant_bytes)
-                recv_exact(conn, memoryview(tokens))
+                tokens = memoryview(bytearray(grant_bytes))
+                receiver.fill([tokens])
                 if granted is not None:
                     granted.add(bytes(tokens), time.time())
             views: list[memoryview] = []  # WRITE payload destinations, in stream order
@@ -175,7 +172,7 @@ class TcpTarget:
             read_payloads: list[memoryview] = []
             last = [None]
             now = time.time() if granted is not None else 0.0
-            for op, slice_id, address, length in REQUEST.iter_unpack(block):
+            for op, slice_id, address, length in requests:
                 if granted is not None and not granted.covers(op, address, length, now):
                     target, status = None, Unauthorized.code
                 else:
@@ -194,7 +191,7 @@ class TcpTarget:
                     if target is not None:
                         read_payloads.append(target)
             if writes:
-                _receive_writes(conn, views, writes)
+                _receive_writes(receiver, views, writes)
             if reads:
                 send_all(conn, [FRAME.pack(READ_DATA, len(reads)) + b"".join(reads), *read_payloads])
 
@@ -215,14 +212,16 @@ class TcpTarget:
         return buffer.view[start:start + length], 0
 
 
-def _receive_writes(conn: socket.socket, views: list[memoryview],
+def _receive_writes(receiver: Receiver, views: list[memoryview],
                     writes: list[tuple[bytes, int]]) -> None:
-    """Scatter-receive a group's WRITE payloads; ack each WRITE once all its bytes are in
-    memory, in ACKS frames sent every ACK_INTERVAL and at the end of the group."""
+    """Scatter-receive a group's WRITE payloads (what the receiver already holds, then straight
+    from the socket); ack each WRITE once all its bytes are in memory, in ACKS frames sent
+    every ACK_INTERVAL and at the end of the group."""
+    conn = receiver.sock
     acks: list[bytes] = []
     done = 0
     flush_at = time.monotonic() + ACK_INTERVAL
-    first = advance(views, 0, 0)
+    first = receiver.drain_into(views, advance(views, 0, 0))
     while True:
         while done < len(writes) and writes[done][1] <= first:
             acks.append(writes[done][0])

@@ -1,13 +1,14 @@
 """The TCP transport: path choice per slice, a SIEVE-bounded endpoint pool, and a watchdog.
 
-Each slice picks a local path (NIC) from the topology matrix and a stream on it; the pool key
-is (peer, incarnation, local NIC, peer endpoint, stream), so different slices of one request
-run on different connections in parallel. The pool keeps at most ``pool_size`` connections;
+Each slice picks a local path (NIC) from the topology matrix and a stream on it by its position
+in the submission; the pool key is (peer, incarnation, local NIC, peer endpoint, stream), so the
+slices of one batch (of one big request, or of many small ones) run on different connections in
+parallel. The pool keeps at most ``pool_size`` connections;
 an evicted one finishes its in-flight slices before closing. A connection that dies is dropped
 from the pool at once and rebuilt on next use. The watchdog declares dead a connection that has
 work but made no progress for ``slice_timeout`` (a peer that stopped, a link that went down:
 TCP alone would wait for minutes). Small transfers can skip all that: :meth:`move_now` moves
-them on the calling thread's own link (see tcp_inline), bounded by a socket timeout instead.
+them on the calling thread's own link (see tcp_inline), bounded by the kernel's socket timeouts.
 """
 
 from __future__ import annotations
@@ -62,18 +63,25 @@ class TcpTransport(Transport):
         return bool(peer.endpoints)
 
     def submit(self, pieces: list[Slice]) -> None:
+        """Stripe the pieces over paths and streams by their position in this submission, so
+        a batch of many one-slice requests runs on every stream at once, as the slices of one
+        big request do (a retry comes alone and walks the paths by its attempt number)."""
         now = time.monotonic()
         groups: dict[Connection, list[Slice]] = {}
         routes: dict[tuple, Connection] = {}  # one path choice per distinct route, not per slice
+        lanes: dict[str, int] = {}  # location -> its NICs x streams: stripes repeat with this period
         with self._lock:
-            for piece in pieces:
-                peer = piece.peer
-                route = (peer.name, peer.incarnation, piece.location, piece.index, piece.attempt)
+            for stripe, piece in enumerate(pieces):
+                peer, location = piece.peer, piece.location
+                period = lanes.get(location)
+                if period is None:
+                    period = lanes[location] = self._nics(location) * self._streams
+                lane = stripe % period
+                route = (peer.name, peer.incarnation, location, lane, piece.attempt)
                 connection = routes.get(route)
                 if connection is None:
-                    nic = self._paths.choose(piece.location, piece.index, piece.attempt, now)
-                    preferred, secondary = self._paths.tiers(piece.location)
-                    stream = (piece.index // max(1, len(preferred or secondary))) % self._streams
+                    nic = self._paths.choose(location, lane, piece.attempt, now)
+                    stream = (lane // self._nics(location)) % self._streams
                     connection = routes[route] = self._connection(peer, nic, stream)
                 group = groups.get(connection)
                 if group is None:
@@ -84,6 +92,11 @@ class TcpTransport(Transport):
             if not connection.enqueue(group):  # died between lookup and enqueue
                 for piece in group:
                     self._sink.failed(piece, "connection closed before sending", connection.nic)
+
+    def _nics(self, location: str) -> int:
+        """How many NICs a first attempt from ``location`` stripes over."""
+        preferred, secondary = self._paths.tiers(location)
+        return max(1, len(preferred or secondary))
 
     def _connection(self, peer: SegmentDescriptor, nic: str, stream: int) -> Connection:
         local_host = self._local_address(nic)

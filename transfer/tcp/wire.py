@@ -52,6 +52,7 @@ ACK_INTERVAL = 0.005  # seconds: held WRITE acks are flushed at least this often
 SEND_CHUNK = 4 << 20  # bytes per sendmsg when the caller tracks progress
 SEND_BUFFER = 4 << 20  # SO_SNDBUF requested for data connections
 IOV_MAX = 1024  # buffers per sendmsg / recvmsg_into call (Linux UIO_MAXIOV)
+RECEIVE_BUFFER = 16 << 10  # bytes a Receiver reads ahead: headers and small payloads in one call
 _LENGTH = struct.Struct("<I")
 MAX_HELLO = 64 * 1024
 
@@ -97,25 +98,75 @@ def request_group(requests: Iterable[tuple[int, int, int, memoryview]], grants: 
     return parts
 
 
+class Receiver:
+    """One socket's incoming stream, read through a small buffer: a single ``recv`` picks up a
+    frame's header, its entries and any small payloads behind them together (a 4 KiB READ
+    costs one receive call, not three), while the rest of a large payload goes straight from
+    the socket into its memory. Bytes past the current frame stay buffered for the next."""
+
+    def __init__(self, sock: socket.socket, size: int = RECEIVE_BUFFER) -> None:
+        self.sock = sock
+        self._buffer = memoryview(bytearray(size))
+        self._start = self._end = 0  # the buffered, not yet consumed bytes
+
+    def exact(self, size: int) -> memoryview:
+        """The next ``size`` (at most the buffer's size) bytes: a view of the buffer, valid
+        until the next call."""
+        if self._end - self._start < size:
+            if self._start:  # make room: move the leftover to the front
+                left = self._end - self._start
+                self._buffer[:left] = bytes(self._buffer[self._start:self._end])
+                self._start, self._end = 0, left
+            while self._end < size:
+                got = self.sock.recv_into(self._buffer[self._end:])
+                if not got:
+                    raise PeerClosed("peer closed the connection")
+                self._end += got
+        view = self._buffer[self._start:self._start + size]
+        self._start += size
+        return view
+
+    def drain_into(self, views: list, first: int) -> int:
+        """Copy buffered bytes into ``views`` from index ``first`` (see :func:`advance`);
+        returns the first view still to be filled from the socket."""
+        while self._start < self._end and first < len(views):
+            view = views[first]
+            count = min(len(view), self._end - self._start)
+            view[:count] = self._buffer[self._start:self._start + count]
+            self._start += count
+            first = advance(views, first, count)
+        return first
+
+    def fill(self, views: list[memoryview], progress: Callable[[], None] | None = None) -> None:
+        """Fill each flat byte view in turn: first from the buffer, then from the socket. (Not
+        with MSG_WAITALL: a 1 MiB READ that waited for all its bytes in one call measured
+        slower, ~650 against ~490 us, than one call per burst of segments.)"""
+        views = list(views)
+        first = self.drain_into(views, advance(views, 0, 0))
+        while first < len(views):
+            got = self.sock.recvmsg_into(views[first:first + IOV_MAX])[0]
+            if not got:
+                raise PeerClosed("peer closed the connection")
+            if progress is not None:
+                progress()
+            first = advance(views, first, got)
+
+
 class ResponseReader:
-    """Reads response frames off one connection, reusing its header buffers."""
+    """Reads response frames off one connection."""
 
-    def __init__(self) -> None:
-        self._frame = bytearray(FRAME.size)
-        self._entries = memoryview(bytearray(MAX_GROUP * RESPONSE.size))
+    def __init__(self, sock: socket.socket) -> None:
+        self._receiver = Receiver(sock)
 
-    def read(self, sock: socket.socket, read_views: Callable[[list[int]], list[memoryview | None]],
+    def read(self, read_views: Callable[[list[int]], list[memoryview | None]],
              progress: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
         """One frame's (status, slice id, length) responses. A READ_DATA frame's payloads are
         scattered straight into ``read_views(slice ids)``: the local bytes of each READ, None
         for an id that is no READ in flight (the stream is then out of step: PeerClosed)."""
-        recv_exact(sock, memoryview(self._frame))
-        kind, count = FRAME.unpack(self._frame)
+        kind, count = FRAME.unpack(self._receiver.exact(FRAME.size))
         if not 0 < count <= MAX_GROUP:
             raise PeerClosed(f"response frame of {count} responses")
-        block = self._entries[:count * RESPONSE.size]
-        recv_exact(sock, block)
-        responses = list(RESPONSE.iter_unpack(block))
+        responses = list(RESPONSE.iter_unpack(self._receiver.exact(count * RESPONSE.size)))
         if kind == READ_DATA:
             views = []
             for (status, slice_id, length), view in zip(responses, read_views([r[1] for r in responses])):
@@ -125,7 +176,7 @@ class ResponseReader:
                     if length != len(view):
                         raise PeerClosed(f"READ of {length} bytes for slice {slice_id}")
                     views.append(view)
-            recv_all(sock, views, progress)
+            self._receiver.fill(views, progress)
         return responses
 
 
@@ -153,20 +204,6 @@ def advance(views: list, first: int, count: int) -> int:
     while first < len(views) and not len(views[first]):
         first += 1
     return first
-
-
-def recv_all(sock: socket.socket, views: list[memoryview],
-             progress: Callable[[], None] | None = None) -> None:
-    """Fill each flat byte view in turn (scatter), straight into its memory."""
-    views = list(views)
-    first = advance(views, 0, 0)
-    while first < len(views):
-        got = sock.recvmsg_into(views[first:first + IOV_MAX])[0]
-        if not got:
-            raise PeerClosed("peer closed the connection")
-        if progress is not None:
-            progress()
-        first = advance(views, first, got)
 
 
 def send_all(sock: socket.socket, parts: list[Any], progress: Callable[[], None] | None = None) -> None:
