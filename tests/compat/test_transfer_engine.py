@@ -54,7 +54,8 @@ def exercise(a: TransferEngine, b: TransferEngine, segment: str) -> None:
     assert a.unregister_memory(src) == 0 and a.unregister_memory(src) == NOT_REGISTERED
 
 
-def test_p2p_handshake_names_segments_by_rpc_port():
+def test_p2p_handshake_names_segments_by_rpc_port(monkeypatch):
+    monkeypatch.setenv("MOONCAKE_HANDSHAKE_TIMEOUT", "2s")  # exercise() asks a peer that is not there
     a, b = TransferEngine(), TransferEngine()
     try:
         assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
@@ -67,7 +68,8 @@ def test_p2p_handshake_names_segments_by_rpc_port():
 
 
 @pytest.mark.parametrize("scheme", ["etcd://", ""])  # the original reads a bare host:port as etcd
-def test_etcd_metadata_server_holds_the_segments(tmp_path, scheme):
+def test_etcd_metadata_server_holds_the_segments(tmp_path, scheme, monkeypatch):
+    monkeypatch.setenv("MOONCAKE_HANDSHAKE_TIMEOUT", "2s")  # exercise() asks a peer that is not there
     from daemons.ha.etcd_server import EtcdServer
     from tests.conftest import require_program
 
@@ -129,7 +131,9 @@ def test_engines_find_each_other_through_the_http_metadata_server(started):
         b.close()
 
 
-def test_byte_helpers_probe_and_the_unknown_peer_sentinel():
+def test_byte_helpers_probe_and_the_unknown_peer_sentinel(monkeypatch):
+    # Nothing answers on port 1: each call to it waits out the RPC deadline, which need not be 5 s.
+    monkeypatch.setenv("MOONCAKE_HANDSHAKE_TIMEOUT", "1s")
     a, b = TransferEngine(), TransferEngine()
     try:
         assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0

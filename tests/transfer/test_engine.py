@@ -86,7 +86,8 @@ def test_torch_tensor_and_bytearray_are_registrable(make_engine):
 
 
 def test_bad_input_raises_typed_errors_and_writes_nothing(make_engine):
-    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    # handshake_timeout: the unknown peer below costs one whole handshake deadline.
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp", handshake_timeout=1.0)
     local = np.full(4096, 9, np.uint8)
     source = initiator.register_local_memory(local)
     base = initiator.segment_descriptor(handle).buffers[0].address
