@@ -18,8 +18,8 @@ reuse, reads `/metrics`, and the cluster is stopped again. :class:`Hosts` remove
 and every process in them however the run ends (exception, SIGINT or SIGTERM).
 
 The hosts are namespaces of this one machine, so they compute on its cores together: the
-simulator's prediction beside each policy prices that (every instance on :func:`machine_cores`
-cores, processor sharing), and also gives the paper's cluster, one compute per instance.
+simulator's prediction beside each policy prices that (every instance on the cores this process
+may use, :func:`transfer.rpc.spin.usable_cores`, processor sharing), and also gives the paper's cluster, one compute per instance.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from daemons.serving.figure5 import (cost_figures, parse_metrics, policy_summary
                                     sim_requests)
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
+from transfer.rpc.spin import usable_cores
 from transfer.settings import resolve
 from transfer.shm.region import remove_orphans
 
@@ -62,13 +63,6 @@ def missing_prerequisites() -> str | None:
         if shutil.which(program) is None:
             return f"bench serve --hosts needs `{program}` ({package}), which is not installed"
     return None
-
-
-def machine_cores() -> int:
-    """The cores this process (and so every daemon it starts, on any host) may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _run(*command: str) -> None:
@@ -274,7 +268,7 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
             shutil.rmtree(root, ignore_errors=True)
     sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                              [out for _, _, out in requests])
-    cores = machine_cores()
+    cores = usable_cores()
     if costs is not None:
         config = resolve(cluster_settings(policies[0], block_tokens, request_timeout), environ={})
         base = SchedulerConfig.from_config(config)

@@ -24,7 +24,8 @@ SAMPLE_INTERVAL = 5e-3
 LOADAVG = "/proc/loadavg"
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process (and whatever it starts) may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -40,7 +41,7 @@ class CoreHeadroom:
         self._fd: int | None = None
         self._opened = False
         self._open_lock = threading.Lock()
-        self._cores = _usable_cores()
+        self._cores = usable_cores()
         self._free = True
         self._next_sample = 0.0
 

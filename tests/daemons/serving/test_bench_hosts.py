@@ -10,7 +10,7 @@ import subprocess
 import psutil
 import pytest
 
-from daemons.serving.bench_hosts import machine_cores
+from transfer.rpc.spin import usable_cores
 from daemons.serving.figure5 import (DECISIONS, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
                                     simulate_policy)
 from scheduler.config import SchedulerConfig
@@ -44,7 +44,7 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     # The simulator's prediction for the same slice, priced with what the live conductor used.
     assert data["costs"]["kv_bytes_per_token"] == 2048
     # Priced twice: every instance on this machine's cores (as the hosts are), one compute each.
-    assert data["sim_cores"] == machine_cores()
+    assert data["sim_cores"] == usable_cores()
     for sim in (row["sim"], row["sim_dedicated"]):
         assert set(sim["ttft"]) == DISTRIBUTION and sum(sim["decisions"].values()) + sim["rejected"] == 8
     # Nothing left: no namespace of ours, no daemon of ours.
@@ -98,4 +98,4 @@ def test_the_simulator_prices_instances_that_share_the_machines_cores():
     ttft = {cores: simulate_policy(requests, cfg, 2, costs, 10_000, 10_000, shared_cores=cores)["ttft"]["mean"]
             for cores in (None, 1, 2)}
     assert ttft == pytest.approx({None: 1.0, 1: 2.0, 2: 1.0})
-    assert machine_cores() >= 1
+    assert usable_cores() >= 1
