@@ -150,11 +150,6 @@ class MemoryRegistry:
                 f"[{address:#x}, +{length}) is not inside memory registered by this engine")
         return buffer
 
-    def view(self, address: int, length: int) -> memoryview:
-        buffer = self.find(address, length)
-        start = address - buffer.address
-        return buffer.view[start:start + length]
-
     def all(self) -> list[RegisteredBuffer]:
         with self._lock:
             return list(self._buffers)
