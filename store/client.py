@@ -290,7 +290,7 @@ class StoreClient:
         """Memory before disk; this host's first (a shared-memory copy), then in master order."""
         if len(replicas) == 1:  # the common case, per key of a batch: nothing to order
             return list(replicas)
-        return sorted(replicas, key=lambda r: (r.tier != ReplicaTier.MEMORY.value, r.host != self.engine.host_id))
+        return sorted(replicas, key=lambda r: (r.tier != _MEMORY, r.host != self.engine.host_id))
 
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
