@@ -38,7 +38,7 @@ from store.objects import ClientStatus, ReportedObject, Segment
 from transfer.engine import TransferEngine
 from transfer.errors import MooncakeError
 from transfer.memory import address_of
-from transfer.rpc.client_server import Reply, Request, RpcServer
+from transfer.rpc.client_server import FAREWELL_TIMEOUT_S, Reply, Request, RpcServer
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class SegmentOwner:
             return  # it left already
         try:
             # Short deadline: on shutdown a master that is gone must not hold up our exit.
-            self.master.unmount_segment(self.segment.segment_id, timeout=1.0)
+            self.master.unmount_segment(self.segment.segment_id, timeout=FAREWELL_TIMEOUT_S)
         finally:
             self._drop_disk_tier()
 

@@ -40,6 +40,7 @@ import zmq
 
 from transfer.auth import ClusterSecret
 from transfer.rpc import curve
+from transfer.rpc.client_server import FAREWELL_TIMEOUT_S
 from scheduler.block_hash import BlockKey, parse_key
 from scheduler.cache_index import POOL, CacheIndex
 from store.events.messages import AllBlocksCleared, BlockStored, KvEvent, KVEventBatch, MalformedEvent
@@ -172,8 +173,11 @@ class KvEventSubscriber:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5.0)
-        self._master.close()
+        # The thread may be waiting out a call to a master that is gone: don't wait with it. It
+        # is a daemon thread that owns its master client until it ends, at the latest at exit.
+        self._thread.join(timeout=FAREWELL_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._master.close()
 
     def stats(self) -> dict[str, Any]:
         return {"kv_events_address": self.address, "sequence": self.sequence, "batches": self.num_batches,

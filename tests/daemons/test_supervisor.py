@@ -59,6 +59,11 @@ def test_killed_daemon_shows_dead_and_status_fails(mooncake):
     master = json.loads(result.stdout)["daemons"][0]
     assert master["alive"] is False and master["healthy"] is False
     assert "killed by a signal" in master["exit_reason"]
+    # Its farewells (unmount, withdraw the descriptor) to a master that is gone have short
+    # deadlines: the store client exits within `down`'s grace instead of being killed.
+    outcome = mooncake.json("down")
+    assert outcome["killed"] == []
+    assert not list(SHM.glob(f"mooncake-{cluster['cluster_id']}-*"))
 
 
 def test_sigterm_drains_and_records_why_it_stopped(mooncake):

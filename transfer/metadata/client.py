@@ -18,7 +18,7 @@ from transfer.descriptor import SegmentDescriptor
 from transfer.errors import RpcError, SegmentNotFound
 from transfer.etcd.leader import master_rpc
 from transfer.metadata.table import MetadataTable
-from transfer.rpc.client_server import RpcClient
+from transfer.rpc.client_server import FAREWELL_TIMEOUT_S, RpcClient
 
 P2P = "P2PHANDSHAKE"
 EXCHANGE_OP = "te.exchange"
@@ -59,8 +59,9 @@ class MasterMetadata:
         return SegmentDescriptor.from_wire(self._client.call("te.meta.get", {"name": name}))
 
     def withdraw(self, descriptor: SegmentDescriptor) -> None:
-        self._client.call("te.meta.remove",
-                          {"name": descriptor.name, "incarnation": descriptor.incarnation})
+        # Called by a closing engine: a master that is gone must not hold up the exit.
+        self._client.call("te.meta.remove", {"name": descriptor.name, "incarnation": descriptor.incarnation},
+                          timeout=FAREWELL_TIMEOUT_S)
 
     def close(self) -> None:
         self._client.close()

@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 
 # Plain ints, not pyzmq's enum members: `events & zmq.POLLIN` on the hot path would run the
 # enum's Python-level __and__ on every request.
+# Deadline of a call a process makes on its way out (unmount, withdraw a descriptor): against a
+# peer that is gone, several such calls must still fit in `down`'s stop_grace (5 s by default).
+FAREWELL_TIMEOUT_S = 1.0
+
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)

@@ -155,3 +155,19 @@ def test_the_subscriber_resyncs_after_a_lost_batch_a_restart_and_survives_garbag
         subscriber.close()
         master.close()
     assert not subscriber._thread.is_alive()
+
+
+def test_closing_the_subscriber_does_not_wait_out_a_call_to_a_master_that_is_gone():
+    """A conductor stopped after its master died once waited out the master client's deadline
+    (5 s by default) here and was killed by `down`."""
+    gone = zmq.Context.instance().socket(zmq.ROUTER)  # takes the call and never answers
+    port = gone.bind_to_random_port("tcp://127.0.0.1")
+    service = ServingService(resolve({}, environ={}))
+    subscriber = KvEventSubscriber(f"tcp://127.0.0.1:{port}", service, timeout=5.0).start()
+    try:
+        assert gone.poll(5000), "the subscriber never asked the master"
+        started = time.monotonic()
+        subscriber.close()
+        assert time.monotonic() - started < 3.0
+    finally:
+        gone.close(linger=0)
