@@ -15,7 +15,7 @@ from transfer.engine_options import EngineOptions
 from transfer.auth import ClusterSecret
 from transfer.errors import InvalidArgument, RpcError, SegmentNotFound, TableFull
 from transfer.metadata.client import MasterMetadata
-from transfer.metadata.http_backend import HttpMetadata, HttpMetadataServer
+from transfer.metadata.http_backend import BoundedValues, HttpMetadata, HttpMetadataServer
 from transfer.metadata.table import MetadataTable, serve_metadata
 from transfer.path_selection import PathSet
 from transfer.rpc.client_server import RpcServer
@@ -92,6 +92,18 @@ def test_registries_are_bounded_and_still_replace_what_they_hold():
         http.close()
         client.close()
         server.stop()
+
+
+def test_the_http_servers_byte_bound_counts_replaced_and_deleted_values_once():
+    values = BoundedValues(max_entries=10, max_total=10)
+    assert values.put("a", b"123456") is None
+    assert values.put("b", b"12345") == "metadata server full: 1 keys, 11 bytes"
+    assert values.put("a", b"12") is None  # a replacement frees the old value's bytes
+    assert values.put("b", b"12345") is None
+    assert values.delete("a") and not values.delete("a")
+    assert values.put("c", b"12345") is None  # 10 bytes: exactly the bound
+    assert values.put("d", b"1") is not None
+    assert values.keys() == ["b", "c"] and values.get("c") == b"12345" and values.get("a") is None
 
 
 def test_the_http_metadata_server_with_a_token_serves_only_requests_that_carry_it():

@@ -41,16 +41,51 @@ MAX_VALUE = 16 << 20  # a descriptor is a few KiB; refuse bodies that cannot be 
 MAX_TOTAL = 256 << 20  # bytes of all values together
 
 
+class BoundedValues:
+    """The server's values under one lock, with the running byte total its bounds check reads
+    (summing every value on each PUT made a PUT cost grow with the table)."""
+
+    def __init__(self, max_entries: int, max_total: int = MAX_TOTAL) -> None:
+        self.max_entries, self.max_total = max_entries, max_total
+        self._values: dict[str, bytes] = {}
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            return self._values.get(key)
+
+    def put(self, key: str, value: bytes) -> str | None:
+        """Store ``value``; a refusal's reason when the table would outgrow its bounds."""
+        with self._lock:
+            old = self._values.get(key)
+            total = self._total - len(old or b"") + len(value)
+            if (old is None and len(self._values) >= self.max_entries) or total > self.max_total:
+                return f"metadata server full: {len(self._values)} keys, {total} bytes"
+            self._values[key] = value
+            self._total = total
+            return None
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            old = self._values.pop(key, None)
+            if old is not None:
+                self._total -= len(old)
+            return old is not None
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._values)
+
+
 class HttpMetadataServer:
     """The key-value store behind the protocol, served from a thread until :meth:`close`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8080, max_entries: int = 16384,
                  token: str | None = None) -> None:
-        self.max_entries = max_entries
         self._expected = f"Bearer {token}".encode() if token else None
         self._refusals = LogThrottle(log)
-        self._values: dict[str, bytes] = {}
-        self._lock = threading.Lock()
+        self._values = BoundedValues(max_entries)
         self._http = ThreadingHTTPServer((host, port), self._handler())
         self._http.daemon_threads = True
         self.port = self._http.server_address[1]
@@ -65,11 +100,10 @@ class HttpMetadataServer:
         self._thread.join(timeout=5)
 
     def keys(self) -> list[str]:
-        with self._lock:
-            return sorted(self._values)
+        return self._values.keys()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        values, lock, max_entries = self._values, self._lock, self.max_entries
+        values = self._values
         expected, refusals = self._expected, self._refusals
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,8 +143,7 @@ class HttpMetadataServer:
             def do_GET(self) -> None:
                 key = self._key()
                 if key is not None:
-                    with lock:
-                        value = values.get(key)
+                    value = values.get(key)
                     self._answer(200, value) if value is not None else self._answer(404, b"not found")
 
             def do_PUT(self) -> None:
@@ -121,24 +154,17 @@ class HttpMetadataServer:
                 if not 0 <= length <= MAX_VALUE:
                     self._answer(413, b"value too large")
                     return
-                value = self.rfile.read(length)
-                with lock:
-                    old = values.get(key)
-                    full = old is None and len(values) >= max_entries
-                    total = sum(map(len, values.values())) - len(old or b"") + len(value)
-                    if not full and total <= MAX_TOTAL:
-                        values[key] = value
-                if full or total > MAX_TOTAL:
+                refusal = values.put(key, self.rfile.read(length))
+                if refusal is not None:
                     # 507 Insufficient Storage: the server is full, the request itself was fine.
-                    self._answer(507, b"metadata server full: %d keys, %d bytes" % (len(values), total))
+                    self._answer(507, refusal.encode())
                     return
                 self._answer(200, b"metadata updated")
 
             def do_DELETE(self) -> None:
                 key = self._key()
                 if key is not None:
-                    with lock:
-                        found = values.pop(key, None) is not None
+                    found = values.delete(key)
                     self._answer(200, b"metadata deleted") if found else self._answer(404, b"not found")
 
             def log_message(self, *args: object) -> None:
