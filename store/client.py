@@ -62,8 +62,12 @@ class StoreClient:
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
                                    self.config.rpc_busy_poll, self.config.store_max_batch_keys,
                                    client_credential(self.config), self.config.tenant)
-        self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
-                                  shm_prefix=shm_prefix)
+        try:
+            self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
+                                      shm_prefix=shm_prefix)
+        except BaseException:
+            self.master.close()  # the master may be unreachable: this constructor still owns its client
+            raise
         self.owner: SegmentOwner | None = None
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes

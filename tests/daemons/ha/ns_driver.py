@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from daemons.ha.failover_scenario import payload, put_until_ok
 from store.client import StoreClient
@@ -28,9 +29,22 @@ def owned(address: str) -> int:
         return 0
 
 
+def open_client(spec: str, config, timeout: float = 30.0) -> StoreClient:
+    """Retry the first contact: the test starts this while the master's peers are still starting, and
+    on two loaded cores the leader can miss the 1 s deadline of that first call."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return StoreClient(spec, config)
+        except MooncakeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main(spec: str, host: str) -> None:
     config = resolve({"bind_host": host, "rpc_timeout": "1s"}, environ={})
-    with StoreClient(spec, config) as client:
+    with open_client(spec, config) as client:
         for line in sys.stdin:
             op, arg = line.split()
             if op == "put":

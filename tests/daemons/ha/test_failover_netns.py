@@ -87,7 +87,9 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         def ask(command: str) -> dict:
             driver.stdin.write(command + "\n")
             driver.stdin.flush()
-            return json.loads(driver.stdout.readline())
+            line = driver.stdout.readline()
+            assert line, f"the driver exited (code {driver.poll()}) before answering {command!r}: see its stderr"
+            return json.loads(line)
 
         ask(f"put {N}")
         a.kill()  # at once: the op log in etcd holds every acknowledged object
