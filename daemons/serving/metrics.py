@@ -25,8 +25,8 @@ Series = tuple[str, Labels]
 # The gauges the service reports (ServingService.gauges), with what each means.
 GAUGE_HELP = {
     "mooncake_inflight_requests": "Requests the conductor is serving now.",
-    "mooncake_prefill_queue_length": "Requests queued or running on a prefill instance, as the policy counts them.",
-    "mooncake_decode_batch_size": "Sequences a decode instance is stepping, as the policy counts them.",
+    "mooncake_prefill_queue_length": "Requests queued or running on a prefill worker, as the policy counts them.",
+    "mooncake_decode_batch_size": "Sequences a decode worker (label worker) is stepping, as the policy counts them.",
     "mooncake_workers": "Live workers per role.",
     "mooncake_cost_kv_bytes_per_token": "KV bytes per token the policy prices transfers with.",
     "mooncake_cost_transfer_bandwidth_bytes": "Bytes per second the policy prices transfers with.",

@@ -408,9 +408,9 @@ class ServingService:
         with self.lock:
             values = {series("mooncake_inflight_requests"): len(self.flights)}
             for name, length in self.conductor.prefill_queue_lengths().items():
-                values[series("mooncake_prefill_queue_length", instance=name)] = length
+                values[series("mooncake_prefill_queue_length", worker=name)] = length
             for name, size in self.conductor.decode_batch_sizes().items():
-                values[series("mooncake_decode_batch_size", instance=name)] = size
+                values[series("mooncake_decode_batch_size", worker=name)] = size
             values.update(cost_gauges(self.conductor.cost_figures()))
         for role, count in self.worker_counts().items():
             values[series("mooncake_workers", role=role)] = count

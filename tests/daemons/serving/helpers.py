@@ -87,7 +87,7 @@ def busy_instance(url: str, gauge: str, instances: list[str], deadline: float) -
     """The first of ``instances`` whose ``gauge`` shows work, polling until ``deadline``."""
     while time.monotonic() < deadline:
         for name in instances:
-            if metric(url, gauge, instance=name) > 0:
+            if metric(url, gauge, worker=name) > 0:
                 return name
         time.sleep(0.01)
     raise AssertionError(f"no instance got busy on {gauge}")
