@@ -166,17 +166,20 @@ def raw_socket_gbps(block_size: int, seconds: float = 0.5, working_set: int = _L
             with conn:
                 source = memoryview(np.ones(block_size * count, np.uint8))
                 blocks = [source[i * block_size:(i + 1) * block_size] for i in range(count)]
-                started = time.perf_counter()
+                sent, started = 0, time.perf_counter()
                 while time.perf_counter() - started < seconds:
                     for block in blocks:
                         conn.sendall(block)
+                    sent += block_size * count
                 conn.shutdown(socket.SHUT_WR)
                 conn.settimeout(10)
-                total = int(conn.recv(64))
+                received = int(conn.recv(64))
                 elapsed = time.perf_counter() - started
         finally:
             receiver.wait(timeout=10)
-    return total / elapsed / 1e9
+    if received != sent:
+        raise RuntimeError(f"raw socket limit: sent {sent} bytes, the receiver counted {received}")
+    return received / elapsed / 1e9
 
 
 def _serve_target(size: int, protocol: str) -> None:

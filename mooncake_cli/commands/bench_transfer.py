@@ -28,8 +28,9 @@ def transfer(
 ) -> None:
     """Move blocks to (or from) a target engine and compare with this machine's limits.
 
-    The limits are measured in the same run for the same block size: single-thread memcpy
-    between two buffers of this process, and one raw TCP stream to another process.
+    The limits are measured in the same run for the same block size and the same working set
+    (block x batch x threads, as the engine walks it): single-thread memcpy between two buffers
+    of this process, and one raw TCP stream to another process, one sendall per block.
     """
     from transfer import bench
 
