@@ -108,13 +108,17 @@ class Task:
 class Slice:
     """One contiguous piece of a task, moved as a unit by one transport on one path."""
 
-    __slots__ = ("task", "index", "local", "location", "remote_address", "length", "attempt",
-                 "peer", "transport")
+    __slots__ = ("task", "index", "local", "local_buffer", "local_offset", "location", "remote_address",
+                 "length", "attempt", "peer", "transport")
 
-    def __init__(self, task: Task, index: int, local: memoryview, location: str,
+    def __init__(self, task: Task, index: int, local_buffer: Any, local_offset: int, length: int,
                  remote_address: int, peer: Any, transport: Any) -> None:
-        self.task, self.index, self.local, self.location = task, index, local, location
-        self.remote_address, self.length = remote_address, len(local)
+        """``local_buffer``: the RegisteredBuffer holding the local bytes, from ``local_offset``."""
+        self.task, self.index = task, index
+        self.local_buffer, self.local_offset, self.length = local_buffer, local_offset, length
+        self.local = local_buffer.view[local_offset:local_offset + length]
+        self.location = local_buffer.location
+        self.remote_address = remote_address
         self.attempt = 0
         self.peer = peer  # the target's SegmentDescriptor
         self.transport = transport
@@ -122,6 +126,14 @@ class Slice:
     @property
     def opcode(self) -> OpCode:
         return self.task.request.opcode
+
+    def continued_by(self, other: Slice) -> bool:
+        """Whether ``other`` moves the bytes right after this slice's on both sides, the same way:
+        the two can then be moved as one."""
+        return (other.local_buffer is self.local_buffer and other.peer is self.peer
+                and other.local_offset == self.local_offset + self.length
+                and other.remote_address == self.remote_address + self.length
+                and other.task.request.opcode == self.task.request.opcode)
 
 
 class Batch:

@@ -120,9 +120,7 @@ class BatchMixin:
         """``local``: the registered buffer holding the request's source (found by _plan)."""
         request = task.request
         start = request.source - local.address
-        view = local.view[start:start + request.length]
-        return [Slice(task, index, view[offset:offset + length] if length < request.length else view,
-                      local.location, request.target_offset + offset, peer, transport)
+        return [Slice(task, index, local, start + offset, length, request.target_offset + offset, peer, transport)
                 for index, (offset, length) in enumerate(
                     cut(request.length, self.options.slice_size, self.options.slice_threshold))]
 

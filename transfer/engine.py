@@ -342,10 +342,9 @@ class TransferEngine(BatchMixin):
 
     def done(self, piece: Slice) -> None:
         if piece.opcode == OpCode.READ and piece.location.startswith("cuda"):
-            buffer = self.memory.find(piece.task.request.source, piece.task.request.length)
+            buffer = piece.local_buffer
             if self._staged(buffer, piece.transport):
-                offset = view_address(piece.local) - view_address(buffer.view)
-                buffer.device.from_host(buffer.view, offset, piece.length)
+                buffer.device.from_host(buffer.view, piece.local_offset, piece.length)
         super().done(piece)
 
     def _staged(self, buffer: RegisteredBuffer, transport: Transport) -> bool:

@@ -173,3 +173,41 @@ def test_transfer_now_many_moves_tcp_requests_on_the_callers_thread(make_engine)
     base = initiator.segment_descriptor(handle).buffers[0].address
     assert initiator.transfer_now_many([TransferRequest(OpCode.WRITE, source, handle, base, 4096)]) == [True]
     assert (remote[:4096] == 1).all()
+
+
+def test_shm_copies_requests_that_continue_each_other_as_one_run(make_engine, monkeypatch):
+    """A batch of small contiguous requests becomes a few large copies; requests that do not
+    continue the previous one (a gap, the other local buffer, the other direction) start a new
+    run, and every byte lands where its own request said."""
+    from transfer.shm import transport as shm
+
+    copies = []
+    real_copy = shm._copy
+    monkeypatch.setattr(shm, "_copy",
+                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
+    target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=1)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    rng = np.random.default_rng(7)
+    first, second = (rng.integers(0, 256, 256 * 1024, dtype=np.uint8) for _ in range(2))
+    sources = [initiator.register_local_memory(a) for a in (first, second)]
+    block = 4096
+    requests = [TransferRequest(OpCode.WRITE, sources[0] + i * block, handle, base + i * block, block)
+                for i in range(32)]  # one run
+    requests += [TransferRequest(OpCode.WRITE, sources[0] + (32 + i) * block, handle, base + (40 + i) * block,
+                                 block) for i in range(8)]  # a gap on the remote side: a second run
+    requests += [TransferRequest(OpCode.WRITE, sources[1] + i * block, handle, base + (48 + i) * block,
+                                 block) for i in range(8)]  # continues remotely, from the other local buffer: a third
+    batch = initiator.allocate_batch_id(len(requests))
+    initiator.submit_transfer(batch, requests)
+    assert initiator.wait_batch(batch).status == Status.COMPLETED
+    initiator.free_batch_id(batch)
+    assert np.array_equal(remote[:32 * block], first[:32 * block])
+    assert np.array_equal(remote[40 * block:48 * block], first[32 * block:40 * block])
+    assert np.array_equal(remote[48 * block:56 * block], second[:8 * block])
+    assert sorted(copies) == [8 * block, 8 * block, 32 * block]
+    back = np.zeros(16 * block, np.uint8)
+    into = initiator.register_local_memory(back)
+    copies.clear()
+    assert initiator.read(handle, into, base + 36 * block, 16 * block) == 16 * block  # one request, one copy
+    assert np.array_equal(back[4 * block:12 * block], first[32 * block:40 * block])
+    assert copies == [16 * block]

@@ -4,8 +4,11 @@ The initiator maps the peer's region once (cached per region name) and a slice i
 between the two views; above ``transfer.memory.SMALL_COPY`` it is numpy's, which releases the
 GIL, so the copy threads run in parallel with each other and with the rest of the engine. A submission is one queue of slices
 that every copy thread drains, not one pool task per slice: for a 64 KiB slice the hand-off to
-the pool costs more than the copy. A region that cannot be opened means the peer restarted or
-went away: the slice fails without retry.
+the pool costs more than the copy. Slices that continue each other on both sides (a batch of
+small requests over contiguous memory, as KV pages and the benchmark are laid out) are copied as
+one run of up to ``RUN_BYTES``: one large copy, without the GIL, instead of a Python round per
+slice. A region that cannot be opened means the peer restarted or went away: the slice fails
+without retry.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from transfer.descriptor import BufferDesc, SegmentDescriptor
 from transfer.memory import copy_into
 from transfer.shm.region import SharedRegion
 from transfer.transport import SliceSink, Transport
+
+# The most one copy thread takes off the queue as one run: small enough that a batch of a few
+# MiB still spreads over the copy threads, large enough that the per-run Python work is noise.
+RUN_BYTES = 4 << 20
 
 
 class ShmTransport(Transport):
@@ -40,33 +47,55 @@ class ShmTransport(Transport):
             self._pool.submit(self._drain, queue)
 
     def _drain(self, queue: collections.deque[Slice]) -> None:
-        """Copy slices off the shared ``queue`` until it is empty. Each region is mapped and
-        checked alive once per drain rather than once per slice."""
+        """Copy runs of slices off the shared ``queue`` until it is empty. Each region is mapped
+        and checked alive once per drain rather than once per slice."""
         views: dict[str, memoryview] = {}
         while True:
             try:
                 piece = queue.popleft()
             except IndexError:
                 return
-            self._copy(piece, views)
+            self._copy(piece, queue, views)
 
-    def _copy(self, piece: Slice, views: dict[str, memoryview]) -> None:
+    def _copy(self, first: Slice, queue: collections.deque[Slice], views: dict[str, memoryview]) -> None:
+        """Copy ``first`` and the slices at the head of ``queue`` that continue it inside the same
+        peer buffer, as one run."""
         try:
-            buffer = piece.peer.find_buffer(piece.remote_address, piece.length)
+            buffer = first.peer.find_buffer(first.remote_address, first.length)
             view = views.get(buffer.shm_name)
             if view is None:
-                view = views[buffer.shm_name] = self.region_view(piece.peer, buffer)
-            start = piece.remote_address - buffer.address
-            remote = view[start:start + piece.length]  # ValueError once forget_peer released it
+                view = views[buffer.shm_name] = self.region_view(first.peer, buffer)
         except (OSError, ValueError) as exc:
-            self._sink.failed(piece, f"cannot map {piece.peer.name}'s memory: {exc}", None, fatal=True)
+            self._sink.failed(first, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
+            return
+        run = [first]
+        size, room = first.length, buffer.end - first.remote_address
+        while size < RUN_BYTES:
+            try:
+                following = queue.popleft()
+            except IndexError:
+                break
+            if not run[-1].continued_by(following) or size + following.length > room:
+                queue.appendleft(following)  # another thread may have taken the next one: fine
+                break
+            run.append(following)
+            size += following.length
+        start = first.remote_address - buffer.address
+        try:
+            local = first.local_buffer.view[first.local_offset:first.local_offset + size]
+            remote = view[start:start + size]  # ValueError once forget_peer released it
+        except ValueError as exc:
+            for piece in run:
+                self._sink.failed(piece, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
             return
         try:
-            _copy(piece.opcode, piece.local, remote)
-        except Exception as exc:  # reported, or its request would wait for its deadline
-            self._sink.failed(piece, f"copy failed: {exc!r}", None, fatal=True)
+            _copy(first.opcode, local, remote)
+        except Exception as exc:  # reported, or its requests would wait for their deadline
+            for piece in run:
+                self._sink.failed(piece, f"copy failed: {exc!r}", None, fatal=True)
             return
-        self._sink.done(piece)
+        for piece in run:
+            self._sink.done(piece)
 
     def region_view(self, peer: SegmentDescriptor, buffer: BufferDesc) -> memoryview:
         """The peer's ``buffer`` mapped here, for copies on the caller's thread (for a small
