@@ -47,7 +47,7 @@ from daemons.errors import BenchHostsFailed
 from daemons.ha.failover_scenario import Cluster, wait_until
 from daemons.serving.bench import Replayed, replay
 from daemons.serving.errors import Rejected
-from daemons.serving.figure5 import (cost_figures, parse_metrics, policy_summary, reuse_ceiling, simulate_policy,
+from daemons.serving.figure5 import (average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling, simulate_policy,
                                     sim_requests)
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
@@ -242,7 +242,8 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
     and at the end, refitted from its live samples (``costs_refitted``); the simulator prices the
     run with the latter and plans from the former (:func:`simulate_policy`): ``sim`` with every
     instance on this machine's cores (``sim_cores`` of them), ``sim_dedicated`` with one compute
-    per instance.
+    per instance; ``sim_averaged`` on this machine's cores with every policy priced alike, at the
+    runs' ``averaged_costs`` (:func:`average_costs`).
     Namespaces and processes are gone when this returns or raises; the
     daemons' logs stay in a temporary directory only when a daemon or the driver failed
     (BenchHostsFailed names where)."""
@@ -281,20 +282,34 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
     sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                              [out for _, _, out in requests])
     cores = usable_cores()
-    for policy in policies:
+    averaged = add_predictions(rows, sim_slice, num_hosts, block_tokens, request_timeout, cores)
+    return {"sim_cores": cores, "averaged_costs": averaged, "reuse_ceiling": reuse_ceiling(sim_slice),
+            "policies": rows, "namespaces_left": left}
+
+
+def add_predictions(rows: dict[str, dict[str, Any]], sim_slice: list[TraceRequest], num_hosts: int,
+                    block_tokens: int, request_timeout: float, cores: int) -> dict[str, Any] | None:
+    """Add the simulator's predictions to each policy's row (``sim``, ``sim_dedicated``,
+    ``sim_averaged``: see :func:`run_figure5`); returns the runs' averaged costs (None when no
+    conductor showed its costs)."""
+    priced = [policy for policy, row in rows.items() if row["costs_refitted"] and row["costs_profiled"]]
+    if not priced:
+        return None  # conductors without cost gauges: nothing to price the simulator with
+    averaged = average_costs([rows[policy]["costs_refitted"] for policy in priced])
+    averaged_profile = average_costs([rows[policy]["costs_profiled"] for policy in priced])
+    for policy in priced:
         row = rows[policy]
-        costs, profiled = row["costs_refitted"], row["costs_profiled"]
-        if costs is None:
-            continue  # a conductor without cost gauges: nothing to price the simulator with
         config = resolve(cluster_settings(policy, block_tokens, request_timeout), environ={})
         cfg = SchedulerConfig.from_config(config)
-        cache_tokens = config.prefill_segment_size // costs["kv_bytes_per_token"]
-        decode_tokens = config.kv_cache_size // costs["kv_bytes_per_token"]
-        for name, shared in (("sim", cores), ("sim_dedicated", None)):
-            row[name] = simulate_policy(sim_slice, cfg, num_hosts, costs, cache_tokens, decode_tokens,
+        for name, costs, profiled, shared in (
+                ("sim", row["costs_refitted"], row["costs_profiled"], cores),
+                ("sim_dedicated", row["costs_refitted"], row["costs_profiled"], None),
+                ("sim_averaged", averaged, averaged_profile, cores)):
+            row[name] = simulate_policy(sim_slice, cfg, num_hosts, costs,
+                                        config.prefill_segment_size // costs["kv_bytes_per_token"],
+                                        config.kv_cache_size // costs["kv_bytes_per_token"],
                                         shared_cores=shared, planned_with=profiled)
-    return {"sim_cores": cores, "reuse_ceiling": reuse_ceiling(sim_slice), "policies": rows,
-            "namespaces_left": left}
+    return averaged
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

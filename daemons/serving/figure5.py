@@ -127,6 +127,22 @@ def reuse_ceiling(requests: list[TraceRequest]) -> float:
     return hit / total if total else 0.0
 
 
+def average_costs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' costs averaged term by term. The time models are linear in their terms, so the
+    averaged model predicts, for every prompt, the mean of what the runs' models predict.
+
+    Each run's refitted costs include what that run's own load did to them (on shared cores, a
+    policy that computes more makes every prefill slower, and so does whatever else ran), so
+    simulating every policy with its own run's costs repeats the runs' conditions; with one set
+    of costs for all, the simulator's rows differ only by what it simulates of the policies."""
+    def mean(name: str) -> list[float]:
+        return [float(np.mean(terms)) for terms in zip(*(run[name] for run in runs))]
+
+    return {"kv_bytes_per_token": runs[0]["kv_bytes_per_token"],
+            "transfer_bandwidth": float(np.mean([run["transfer_bandwidth"] for run in runs])),
+            "prefill_coef": mean("prefill_coef"), "tbt_coef": mean("tbt_coef")}
+
+
 def _cost_model(costs: dict[str, Any], decode_kv_tokens: int) -> CostModel:
     return CostModel(bytes_per_token=costs["kv_bytes_per_token"], bandwidth=costs["transfer_bandwidth"],
                      prefill=PrefillTimeModel(tuple(costs["prefill_coef"])),

@@ -59,7 +59,11 @@ def serve(
     prediction for the same slice, priced with that run's refitted costs, its conductor starting
     from the same profiled costs and learning as the live one: with every instance computing on
     this machine's cores together, as the hosts do (`sim`, on `sim_cores` cores), and with one
-    compute per instance, as in the paper (`sim_dedicated`)."""
+    compute per instance, as in the paper (`sim_dedicated`). A run's costs carry its own load (a
+    policy that computes more slows every prefill on shared cores, and so does whatever else ran),
+    so `sim_averaged` also prices every policy alike, at the runs' costs averaged
+    (`averaged_costs`): how it differs from `sim` is what a row's prediction owes to its run's
+    own costs rather than to the simulated policy."""
     if hosts:
         _serve_on_hosts(trace, requests, min_turns, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
                         json_output, config)
@@ -171,6 +175,10 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
             sim_parts = (row.get("sim") or {}).get("ttft_parts") or {}
             table.caption += f"\n  {name}: " + " / ".join(
                 f"{_ms_of(row['ttft_parts'][part])} ({_ms_of(sim_parts.get(part))})" for part in TTFT_PARTS)
+        averaged = {name: (row.get("sim_averaged") or {}).get("ttft", {}).get("mean") for name, row in d["policies"].items()}
+        if any(averaged.values()):
+            table.caption += ("\nsim with every policy priced alike (the runs' costs averaged), TTFT mean ms: "
+                              + ", ".join(f"{name} {_ms_of(mean)}" for name, mean in averaged.items()))
         table.caption += "\nprefill s = c0 + c1 x new + c2 x pairs, profiled -> refitted:"
         for name, row in d["policies"].items():
             before, after = row.get("costs_profiled"), row.get("costs_refitted")

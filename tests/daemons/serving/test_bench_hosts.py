@@ -12,9 +12,10 @@ import pytest
 
 from transfer.rpc.spin import usable_cores
 from daemons.serving import bench_hosts
-from daemons.serving.figure5 import (DECISIONS, TTFT_PARTS, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
+from daemons.serving.figure5 import (DECISIONS, TTFT_PARTS, average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
                                     simulate_policy)
 from scheduler.config import SchedulerConfig
+from scheduler.predictors import PrefillTimeModel
 from scheduler.sim.trace import TraceRequest
 
 DISTRIBUTION = {"mean", "p50", "p90", "p99"}
@@ -48,7 +49,8 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     assert row["costs_profiled"]["kv_bytes_per_token"] == row["costs_refitted"]["kv_bytes_per_token"] == 2048
     # Priced twice: every instance on this machine's cores (as the hosts are), one compute each.
     assert data["sim_cores"] == usable_cores()
-    for sim in (row["sim"], row["sim_dedicated"]):
+    assert data["averaged_costs"]["kv_bytes_per_token"] == 2048
+    for sim in (row["sim"], row["sim_dedicated"], row["sim_averaged"]):
         assert set(sim["ttft"]) == DISTRIBUTION and sum(sim["decisions"].values()) + sim["rejected"] == 8
         assert set(sim["ttft_parts"]) == set(TTFT_PARTS)
     # Nothing left: no namespace of ours, no daemon of ours.
@@ -188,3 +190,16 @@ def test_workers_start_one_at_a_time_in_host_order(tmp_path, monkeypatch):
     workers = [e for e in events if e[1].startswith(("prefill", "decode"))]
     assert workers == [(step, name) for name in ("prefill-host1", "prefill-host2", "prefill-host3", "decode")
                        for step in ("start", "ready")]
+
+
+def test_averaged_costs_predict_the_mean_of_the_runs_predictions():
+    runs = [{"kv_bytes_per_token": 2048, "transfer_bandwidth": 1e8, "prefill_coef": [0.02, 1e-4, 0.0],
+             "tbt_coef": [0.001, 0.0, 1e-6]},
+            {"kv_bytes_per_token": 2048, "transfer_bandwidth": 3e8, "prefill_coef": [0.01, 3e-5, 2e-7],
+             "tbt_coef": [0.003, 2e-4, 0.0]}]
+    averaged = average_costs(runs)
+    assert averaged["kv_bytes_per_token"] == 2048 and averaged["transfer_bandwidth"] == pytest.approx(2e8)
+    assert averaged["prefill_coef"] == pytest.approx([0.015, 6.5e-5, 1e-7])
+    assert averaged["tbt_coef"] == pytest.approx([0.002, 1e-4, 5e-7])
+    predict = lambda costs: PrefillTimeModel(tuple(costs["prefill_coef"])).predict(700, 128)  # noqa: E731
+    assert predict(averaged) == pytest.approx((predict(runs[0]) + predict(runs[1])) / 2)
