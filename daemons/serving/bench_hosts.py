@@ -16,15 +16,18 @@ time, so that each one's start-up profile runs alone), the driver
 (``python -m daemons.serving.bench_hosts`` in the head namespace, JSON on stdin and stdout)
 waits for every worker, reads `/metrics` (the costs the conductor has from the profiles),
 replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix reuse, reads `/metrics`
-again (the costs refitted from what was served), and the cluster is stopped again. :class:`Hosts` removes its namespaces
-and every process in them however the run ends (exception, SIGINT or SIGTERM).
+again (the costs refitted from what was served), and the cluster is stopped again.
+:class:`Hosts` removes its namespaces and every process in them however the run ends
+(exception, SIGINT or SIGTERM).
 
 The hosts are namespaces of this one machine, so they compute on its cores together: the
 simulator's prediction beside each policy prices that (every instance on the cores this process
 may use, :func:`transfer.rpc.spin.usable_cores`, processor sharing), and also gives the paper's
 cluster, one compute per instance. Each policy's prediction is priced with that policy's own
 run: its conductor's refitted costs are what things cost, and the simulated conductor starts
-from the same profiled costs the live one started from (:func:`daemons.serving.figure5.simulate_policy`).
+from the same profiled costs the live one started from
+(:func:`daemons.serving.figure5.simulate_policy`); a third prices every policy alike, at the
+runs' costs averaged.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from daemons.errors import BenchHostsFailed
 from daemons.ha.failover_scenario import Cluster, wait_until
 from daemons.serving.bench import Replayed, replay
 from daemons.serving.errors import Rejected
-from daemons.serving.figure5 import (average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling, simulate_policy,
-                                    sim_requests)
+from daemons.serving.figure5 import (average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
+                                    simulate_policy, sim_requests)
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
 from transfer.rpc.spin import usable_cores

@@ -157,9 +157,11 @@ def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_pref
     at the end (its workers' start-up profiles refitted by what they served), are what things
     cost; its conductor starts from ``planned_with`` (the profiles, before the first request)
     and learns the rest as the live one did (None: it knows ``costs`` from the start). Transfers
-    are planned at the costs' bytes per token and bandwidth, as live. Every instance computes
-    on ``shared_cores`` cores together, or (None) each on compute of its own."""
-    cfg = cfg.with_(bytes_per_token=costs["kv_bytes_per_token"], bandwidth=costs["transfer_bandwidth"])
+    are planned at those costs' bytes per token and bandwidth, as live, not at the configured
+    ones. Every instance computes on ``shared_cores`` cores together, or (None) each on compute
+    of its own."""
+    start = planned_with or costs
+    cfg = cfg.with_(bytes_per_token=start["kv_bytes_per_token"], bandwidth=start["transfer_bandwidth"])
     cost = _cost_model(costs, decode_kv_tokens)
     planned = _cost_model(planned_with, decode_kv_tokens) if planned_with else None
     result = simulate(requests, cfg, SimSetup(num_prefill, 1, cache_tokens, 0, cost, shared_cores=shared_cores,

@@ -175,7 +175,8 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
             sim_parts = (row.get("sim") or {}).get("ttft_parts") or {}
             table.caption += f"\n  {name}: " + " / ".join(
                 f"{_ms_of(row['ttft_parts'][part])} ({_ms_of(sim_parts.get(part))})" for part in TTFT_PARTS)
-        averaged = {name: (row.get("sim_averaged") or {}).get("ttft", {}).get("mean") for name, row in d["policies"].items()}
+        averaged = {name: (row.get("sim_averaged") or {}).get("ttft", {}).get("mean")
+                    for name, row in d["policies"].items()}
         if any(averaged.values()):
             table.caption += ("\nsim with every policy priced alike (the runs' costs averaged), TTFT mean ms: "
                               + ", ".join(f"{name} {_ms_of(mean)}" for name, mean in averaged.items()))

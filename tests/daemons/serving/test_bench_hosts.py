@@ -12,8 +12,8 @@ import pytest
 
 from transfer.rpc.spin import usable_cores
 from daemons.serving import bench_hosts
-from daemons.serving.figure5 import (DECISIONS, TTFT_PARTS, average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
-                                    simulate_policy)
+from daemons.serving.figure5 import (DECISIONS, TTFT_PARTS, average_costs, cost_figures, parse_metrics,
+                                    policy_summary, reuse_ceiling, simulate_policy)
 from scheduler.config import SchedulerConfig
 from scheduler.predictors import PrefillTimeModel
 from scheduler.sim.trace import TraceRequest
