@@ -42,7 +42,16 @@ from scheduler.predictors import DecodeTbtModel, PrefillTimeModel, TransferTimeM
 from scheduler.types import REJECT_TBT, REJECT_TTFT, Decision, ScheduleRequest
 
 PREFILL_SAMPLES = 512  # recent worker timings the prefill model is fitted on
-PREFILL_REFIT = 64  # samples between refits: a fit costs ~100 us, a decision ~50 us
+PREFILL_REFIT = 64  # samples between refits once warm: a fit costs ~100 us, a decision ~50 us
+# The first refit comes after this many samples, the next ones after as many again as there were
+# (8, 16, 32, 64, then every PREFILL_REFIT): a start-up profile times the bare forward pass, the
+# served path more (layers sent and stored as they are computed, other workers on the same
+# cores), and the plan should follow the served costs within a handful of requests.
+PREFILL_FIRST_REFIT = 8
+# While few, the live samples are fitted together with the model they refine (the profile, or
+# the configured figures), counted as this many samples; its weight fades to 0 by PREFILL_REFIT
+# samples, which determine the curve alone.
+PREFILL_PRIOR_SAMPLES = 4.0
 DECODE_SAMPLES = 512  # recent decode steps the TBT model is fitted on
 DECODE_REFIT = 64  # steps between refits (a busy decode worker reports hundreds a second)
 OUTLIER_FACTOR = 10.0  # a step this many times slower than predicted and than usual is not fitted
@@ -74,6 +83,7 @@ class Conductor:
         self.forecast = DecodeForecast()
         self.prefill_samples: deque[tuple[int, int, float]] = deque(maxlen=PREFILL_SAMPLES)
         self._since_refit = 0
+        self._prefill_prior = self.prefill_model  # what early refits start from
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=DECODE_SAMPLES)
         self._since_decode_refit = 0
         self._recent_step_ratios: deque[float] = deque(maxlen=DECODE_REFIT)  # measured / predicted
@@ -226,12 +236,15 @@ class Conductor:
 
     def observe_prefill(self, input_length: int, prefix_tokens: int, seconds: float,
                         instance_id: str | None = None) -> bool:
-        """A worker's measured prefill time; refits the prefill model every ``PREFILL_REFIT``
-        samples by least squares over the last ``PREFILL_SAMPLES``. True when it refitted.
+        """A worker's measured prefill time; refits the prefill model by least squares over the
+        last ``PREFILL_SAMPLES``: after ``PREFILL_FIRST_REFIT`` samples, then after as many again
+        as it had (up to every ``PREFILL_REFIT``), the first fits leaning on the model they
+        refine (``PREFILL_PRIOR_SAMPLES``). True when it refitted.
 
-        Profiled coefficients drift from what the workers achieve (other kernels, other
-        hardware, a shifted length mix); the TTFT estimates, and so every choice, follow the
-        workers only if the model is refitted from what they report.
+        Profiled coefficients drift from what the workers achieve (the profile times a bare
+        forward pass, the served path also sends and stores each layer, on cores other workers
+        share; other kernels, other hardware, a shifted length mix); the TTFT estimates, and so
+        every choice, follow the workers only if the model is refitted from what they report.
 
         The shared model is one worker's: a CPP group's pipelined prefill (``instance_id``
         plans with a :class:`CppPrefillTimeModel` and the prompt had more new tokens than its
@@ -244,11 +257,13 @@ class Conductor:
             return False
         self.prefill_samples.append((input_length, prefix_tokens, seconds))
         self._since_refit += 1
-        if self._since_refit < PREFILL_REFIT:
+        seen = len(self.prefill_samples)
+        if self._since_refit < min(PREFILL_REFIT, max(PREFILL_FIRST_REFIT, seen - self._since_refit)):
             return False
         self._since_refit = 0
+        prior_weight = PREFILL_PRIOR_SAMPLES * max(0.0, 1.0 - seen / PREFILL_REFIT)
         try:
-            fitted = PrefillTimeModel.fit(self.prefill_samples)
+            fitted = PrefillTimeModel.fit(self.prefill_samples, self._prefill_prior, prior_weight)
         except ValueError:
             return False  # too uniform a sample to identify the curve: keep the old model
         self._use_prefill_model(fitted)
@@ -310,7 +325,8 @@ class Conductor:
                 bytes_per_token or current.bytes_per_token, self._calibrated_bandwidth or current.bandwidth,
                 current.latency, learn=current.learn, decay=current.decay)
         if prefill_coef is not None and not self._prefill_refitted:
-            self._use_prefill_model(PrefillTimeModel(prefill_coef))
+            self._prefill_prior = PrefillTimeModel(prefill_coef)
+            self._use_prefill_model(self._prefill_prior)
         if tbt_coef is not None and not self._tbt_refitted:
             self.tbt_model = DecodeTbtModel(tbt_coef)
 

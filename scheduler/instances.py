@@ -28,12 +28,21 @@ class PrefillQueue:
         return len(self.durations)
 
     def queue_time(self, now: float) -> float:
+        """Seconds until a job enqueued now would start: what the head has left, and the rest."""
         if not self.durations:
             return 0.0
         head = next(iter(self.durations.values()))
-        # The head has been running since head_started_at; if it overruns its prediction we
-        # cannot know by how much, so count it as just finishing.
-        return self.total - head + max(head - (now - self.head_started_at), 0.0)
+        return self.total - head + self.head_left(head, now - self.head_started_at)
+
+    @staticmethod
+    def head_left(predicted: float, elapsed: float) -> float:
+        """What a head job predicted to take ``predicted`` seconds, running for ``elapsed``,
+        still needs. Within its prediction, the rest of it. Past it, the job has shown it is
+        slower than predicted (cores shared with other work, a slow pull) and is not done: taken
+        as needing as long again as it has overrun, which grows the longer it keeps running.
+        (Counting it as finishing now made a loaded instance look free, exactly when its
+        jobs run late.)"""
+        return abs(predicted - elapsed)
 
     def enqueue(self, request_id: str, seconds: float, now: float) -> None:
         if not self.durations:

@@ -14,6 +14,18 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def _with_prior(x: np.ndarray, y: np.ndarray, prior: Sequence[float], weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """The samples plus ``prior`` as ``weight`` samples' worth of evidence: one row per term,
+    that term alone at its typical size in the samples (its root mean square), timed as the
+    prior says. Each row's residual is how many seconds the fit moves that term's share of a
+    typical sample away from the prior; the rows make every term determined, so a few samples
+    of one shape bend the prior along what they show instead of inventing a curve."""
+    scale = np.sqrt(np.mean(x * x, axis=0))
+    scale[scale == 0] = 1.0  # a term no sample exercises: its row alone pins it to the prior
+    rows = np.diag(scale) * np.sqrt(weight / x.shape[1])
+    return np.vstack([x, rows]), np.concatenate([y, rows @ np.asarray(prior, dtype=float)])
+
+
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, ...]:
     """Least squares with every coefficient >= 0 (exact for a handful of terms: the best of the
     unconstrained fits over every subset of the terms whose coefficients all come out >= 0).
@@ -57,12 +69,16 @@ class PrefillTimeModel:
         return c0 + c1 * new + c2 * (new * prefix_len + new * new / 2.0)
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> PrefillTimeModel:
-        """Least squares over (input_len, prefix_len, seconds) samples."""
-        if len(samples) < 3:
+    def fit(cls, samples: Sequence[tuple[int, int, float]], prior: PrefillTimeModel | None = None,
+            prior_weight: float = 0.0) -> PrefillTimeModel:
+        """Least squares over (input_len, prefix_len, seconds) samples; with a ``prior`` model
+        and ``prior_weight`` > 0, that model counts as that many samples (:func:`_with_prior`)."""
+        if not samples or (len(samples) < 3 and not (prior and prior_weight > 0)):
             raise ValueError("need at least 3 samples to fit the prefill model")
         x = np.array([_prefill_features(n, p) for n, p, _ in samples])
         y = np.array([t for _, _, t in samples])
+        if prior is not None and prior_weight > 0:
+            x, y = _with_prior(x, y, prior.coef, prior_weight)
         return cls(_nonnegative_fit(x, y, "prefill"))  # type: ignore[arg-type]
 
 

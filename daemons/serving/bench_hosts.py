@@ -11,15 +11,23 @@ would use shared memory and never touch the links. Addresses are ``10.78.0.0/24`
 With ``link_gbps`` every link is shaped with ``tc`` tbf in both directions (the host's egress and
 the hub port's egress towards it), as a NIC of that rate would be.
 
-For each policy the cluster starts cold (new processes, an empty store), the driver
+For each policy the cluster starts cold (new processes, an empty store; the workers one at a
+time, so that each one's start-up profile runs alone), the driver
 (``python -m daemons.serving.bench_hosts`` in the head namespace, JSON on stdin and stdout)
-waits for every worker, replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix
-reuse, reads `/metrics`, and the cluster is stopped again. :class:`Hosts` removes its namespaces
-and every process in them however the run ends (exception, SIGINT or SIGTERM).
+waits for every worker, reads `/metrics` (the costs the conductor has from the profiles),
+replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix reuse, reads `/metrics`
+again (the costs refitted from what was served), and the cluster is stopped again.
+:class:`Hosts` removes its namespaces and every process in them however the run ends
+(exception, SIGINT or SIGTERM).
 
 The hosts are namespaces of this one machine, so they compute on its cores together: the
 simulator's prediction beside each policy prices that (every instance on the cores this process
-may use, :func:`transfer.rpc.spin.usable_cores`, processor sharing), and also gives the paper's cluster, one compute per instance.
+may use, :func:`transfer.rpc.spin.usable_cores`, processor sharing), and also gives the paper's
+cluster, one compute per instance. Each policy's prediction is priced with that policy's own
+run: its conductor's refitted costs are what things cost, and the simulated conductor starts
+from the same profiled costs the live one started from
+(:func:`daemons.serving.figure5.simulate_policy`); a third prices every policy alike, at the
+runs' costs averaged.
 """
 
 from __future__ import annotations
@@ -42,8 +50,8 @@ from daemons.errors import BenchHostsFailed
 from daemons.ha.failover_scenario import Cluster, wait_until
 from daemons.serving.bench import Replayed, replay
 from daemons.serving.errors import Rejected
-from daemons.serving.figure5 import (cost_figures, parse_metrics, policy_summary, reuse_ceiling, simulate_policy,
-                                    sim_requests)
+from daemons.serving.figure5 import (average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
+                                    simulate_policy, sim_requests)
 from scheduler.config import SchedulerConfig
 from scheduler.sim.trace import TraceRequest
 from transfer.rpc.spin import usable_cores
@@ -169,9 +177,14 @@ def start_cluster(hosts: Hosts, root: Path, settings: dict[str, Any], timeout: f
             cluster.spawn("store-client", f"store-{host}", hosts.prefix(host), bind_host=hosts.address(host))
         # Workers look the conductor up at the master as they start: only once it registered.
         http = _announced(cluster, "conductor", "http_address", timeout)
-        for host in hosts.names[1:]:
-            cluster.spawn("prefill", f"prefill-{host}", hosts.prefix(host), bind_host=hosts.address(host))
-        cluster.spawn("decode", "decode", hosts.prefix(HEAD), bind_host=head)
+        # One worker at a time, in host order: each profiles its costs at start (a short prefill
+        # or decode run the conductor plans with), and profiles that overlap on this machine's
+        # few cores time each other's work and come out slow. A worker announces itself only
+        # after its profile and its first heartbeat.
+        workers = [("prefill", f"prefill-{host}", host) for host in hosts.names[1:]] + [("decode", "decode", HEAD)]
+        for role, name, host in workers:
+            cluster.spawn(role, name, hosts.prefix(host), bind_host=hosts.address(host))
+            _announced(cluster, name, "address", timeout)
     except BaseException:
         stop_cluster(cluster)
         raise
@@ -227,15 +240,17 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 requests: list[tuple[float, list[int], int]], *, max_blocks: int, block_tokens: int,
                 link_gbps: float | None, request_timeout: float, start_timeout: float) -> dict[str, Any]:
     """Replay ``requests`` (``slice_`` scaled) once per policy on a cold cluster over ``num_hosts``
-    prefill hosts, then the simulator over the same slice priced with ``costs``: what the first
-    policy's conductor planned with at the end of its run (its workers' start-up profiles, refitted
-    by its live samples); per policy ``sim`` with every instance on this machine's cores
-    (``sim_cores`` of them), ``sim_dedicated`` with one compute per instance.
+    prefill hosts, then the simulator over the same slice priced with that policy's run: each
+    row says the costs its conductor had from the workers' start-up profiles (``costs_profiled``)
+    and at the end, refitted from its live samples (``costs_refitted``); the simulator prices the
+    run with the latter and plans from the former (:func:`simulate_policy`): ``sim`` with every
+    instance on this machine's cores (``sim_cores`` of them), ``sim_dedicated`` with one compute
+    per instance; ``sim_averaged`` on this machine's cores with every policy priced alike, at the
+    runs' ``averaged_costs`` (:func:`average_costs`).
     Namespaces and processes are gone when this returns or raises; the
     daemons' logs stay in a temporary directory only when a daemon or the driver failed
     (BenchHostsFailed names where)."""
     rows: dict[str, dict[str, Any]] = {}
-    costs = None
     root = Path(tempfile.mkdtemp(prefix="mooncake-bench-hosts-"))
     keep_logs = False
     horizon = requests[-1][0] if requests else 0.0
@@ -256,7 +271,8 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 rows[policy] = policy_summary(answer["outcomes"], metrics, answer["seconds"])
                 # Every host shares this machine's cores: what else ran is part of the result.
                 rows[policy]["load_average"] = os.getloadavg()[0]
-                costs = costs or cost_figures(metrics)
+                rows[policy]["costs_profiled"] = cost_figures(parse_metrics(answer["metrics_before"]))
+                rows[policy]["costs_refitted"] = cost_figures(metrics)
         left = hosts.remaining()
     except BenchHostsFailed:
         keep_logs = True  # the error names a daemon's log in there
@@ -269,19 +285,34 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
     sim_slice = sim_requests(slice_, [tokens for _, tokens, _ in requests], max_blocks,
                              [out for _, _, out in requests])
     cores = usable_cores()
-    if costs is not None:
-        config = resolve(cluster_settings(policies[0], block_tokens, request_timeout), environ={})
-        base = SchedulerConfig.from_config(config)
-        cache_tokens = config.prefill_segment_size // costs["kv_bytes_per_token"]
-        decode_tokens = config.kv_cache_size // costs["kv_bytes_per_token"]
-        for policy in policies:
-            cfg = base.with_(policy=policy)
-            rows[policy]["sim"] = simulate_policy(sim_slice, cfg, num_hosts, costs, cache_tokens, decode_tokens,
-                                                  shared_cores=cores)
-            rows[policy]["sim_dedicated"] = simulate_policy(sim_slice, cfg, num_hosts, costs, cache_tokens,
-                                                            decode_tokens)
-    return {"costs": costs, "sim_cores": cores, "reuse_ceiling": reuse_ceiling(sim_slice), "policies": rows,
-            "namespaces_left": left}
+    averaged = add_predictions(rows, sim_slice, num_hosts, block_tokens, request_timeout, cores)
+    return {"sim_cores": cores, "averaged_costs": averaged, "reuse_ceiling": reuse_ceiling(sim_slice),
+            "policies": rows, "namespaces_left": left}
+
+
+def add_predictions(rows: dict[str, dict[str, Any]], sim_slice: list[TraceRequest], num_hosts: int,
+                    block_tokens: int, request_timeout: float, cores: int) -> dict[str, Any] | None:
+    """Add the simulator's predictions to each policy's row (``sim``, ``sim_dedicated``,
+    ``sim_averaged``: see :func:`run_figure5`); returns the runs' averaged costs (None when no
+    conductor showed its costs)."""
+    priced = [policy for policy, row in rows.items() if row["costs_refitted"] and row["costs_profiled"]]
+    if not priced:
+        return None  # conductors without cost gauges: nothing to price the simulator with
+    averaged = average_costs([rows[policy]["costs_refitted"] for policy in priced])
+    averaged_profile = average_costs([rows[policy]["costs_profiled"] for policy in priced])
+    for policy in priced:
+        row = rows[policy]
+        config = resolve(cluster_settings(policy, block_tokens, request_timeout), environ={})
+        cfg = SchedulerConfig.from_config(config)
+        for name, costs, profiled, shared in (
+                ("sim", row["costs_refitted"], row["costs_profiled"], cores),
+                ("sim_dedicated", row["costs_refitted"], row["costs_profiled"], None),
+                ("sim_averaged", averaged, averaged_profile, cores)):
+            row[name] = simulate_policy(sim_slice, cfg, num_hosts, costs,
+                                        config.prefill_segment_size // costs["kv_bytes_per_token"],
+                                        config.kv_cache_size // costs["kv_bytes_per_token"],
+                                        shared_cores=shared, planned_with=profiled)
+    return averaged
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -317,16 +348,22 @@ def _outcome(replayed: Replayed) -> dict[str, Any]:
 
 
 def _driver_main() -> None:
-    """In the head namespace: wait for every worker, replay with prefix reuse, read `/metrics`.
-    Reads ``{"url", "workers", "start_timeout", "request_timeout", "requests"}`` on stdin and
-    writes ``{"outcomes", "seconds", "metrics"}`` on stdout."""
+    """In the head namespace: wait for every worker, read `/metrics`, replay with prefix reuse,
+    read `/metrics` again. Reads ``{"url", "workers", "start_timeout", "request_timeout",
+    "requests"}`` on stdin and writes ``{"outcomes", "seconds", "metrics_before", "metrics"}``
+    on stdout."""
     spec = json.load(sys.stdin)
     url = spec["url"]
     wait_until(lambda: _workers(url) == spec["workers"], spec["start_timeout"], "every worker joining", step=0.2)
+    before = _metrics(url)
     report = replay(url, [tuple(r) for r in spec["requests"]], True, spec["request_timeout"])
-    status, metrics = _get(url, "/metrics")
     json.dump({"outcomes": [_outcome(r) for r in report.results], "seconds": report.seconds,
-               "metrics": metrics.decode() if status == 200 else ""}, sys.stdout)
+               "metrics_before": before, "metrics": _metrics(url)}, sys.stdout)
+
+
+def _metrics(url: str) -> str:
+    status, text = _get(url, "/metrics")
+    return text.decode() if status == 200 else ""
 
 
 if __name__ == "__main__":

@@ -51,11 +51,19 @@ def serve(
 
     With --hosts N it builds its own cluster instead (the live Figure 5): a head namespace (master,
     conductor, decode) and N hosts (store client + prefill worker each) on a bridge, replays the
-    slice with prefix reuse once per policy on a cold cluster, and reports per policy TTFT/TBT
-    (seconds), hit rate, the conductor's decisions, replicas and rejections, beside the
-    simulator's prediction for the same slice priced with the costs the live conductor used: with
-    every instance computing on this machine's cores together, as the hosts do (`sim`, on
-    `sim_cores` cores), and with one compute per instance, as in the paper (`sim_dedicated`)."""
+    slice with prefix reuse once per policy on a cold cluster (its workers started one at a time,
+    so that each profiles its costs alone), and reports per policy TTFT/TBT (seconds), where the
+    mean TTFT went (`ttft_parts`), hit rate, the conductor's decisions, replicas and rejections,
+    and the costs its conductor planned with from the workers' profiles (`costs_profiled`) and
+    at the end, refitted from what it served (`costs_refitted`). Beside them, the simulator's
+    prediction for the same slice, priced with that run's refitted costs, its conductor starting
+    from the same profiled costs and learning as the live one: with every instance computing on
+    this machine's cores together, as the hosts do (`sim`, on `sim_cores` cores), and with one
+    compute per instance, as in the paper (`sim_dedicated`). A run's costs carry its own load (a
+    policy that computes more slows every prefill on shared cores, and so does whatever else ran),
+    so `sim_averaged` also prices every policy alike, at the runs' costs averaged
+    (`averaged_costs`): how it differs from `sim` is what a row's prediction owes to its run's
+    own costs rather than to the simulated policy."""
     if hosts:
         _serve_on_hosts(trace, requests, min_turns, max_blocks, max_tokens, speedup, hosts, link_gbps, policy, block_tokens,
                         json_output, config)
@@ -118,6 +126,7 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
                     config: Config) -> None:
     from daemons.serving.bench import scale
     from daemons.serving.bench_hosts import missing_prerequisites, run_figure5
+    from daemons.serving.figure5 import TTFT_PARTS
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
@@ -148,9 +157,9 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
                             f"{d['link_gbps'] or 'unshaped'} Gbps, x{d['speedup']:g}", caption_justify="left",
                       caption="TTFT mean/p50/p99 and TBT mean in ms; hit: token hit rate; L/X/R/M: local hit, "
                               "transfer, recompute, miss decisions; repl: replicated blocks; load: 1-min load "
-                              "average after the run; sim: the simulator on the same slice and cluster, "
-                              f"every instance on this machine's {d['sim_cores']} cores; ded: the simulator "
-                              "with one compute per instance")
+                              "average after the run; sim: the simulator on the same slice and cluster, priced "
+                              "with the run's costs, every instance on this machine's "
+                              f"{d['sim_cores']} cores; ded: the simulator with one compute per instance")
         for name, row in d["policies"].items():
             t, sim = row["ttft"], (row.get("sim") or {}).get("ttft") or {}
             dedicated = (row.get("sim_dedicated") or {}).get("ttft") or {}
@@ -161,12 +170,22 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
                           f"{row['load_average']:.1f}", _ms_of(sim.get("mean")), _ms_of(sim.get("p99")),
                           _ms_of(dedicated.get("mean")))
         table.caption += f"\nreuse ceiling of the slice (every block ever seen cached): {d['reuse_ceiling']:.0%}"
-        costs = d.get("costs")
-        if costs:
-            table.caption += (f"\ncosts planned with: {costs['kv_bytes_per_token']} B/token of KV, pulls at "
-                              f"{costs['transfer_bandwidth'] / 1e6:.0f} MB/s, prefill s = "
-                              f"{' + '.join(f'{c:.3g}' for c in costs['prefill_coef'])} x (1, new, pairs), "
-                              f"TBT s = {' + '.join(f'{c:.3g}' for c in costs['tbt_coef'])} x (1, batch, context)")
+        table.caption += "\nTTFT parts, mean ms live (sim): queue / load / compute / handoff / other"
+        for name, row in d["policies"].items():
+            sim_parts = (row.get("sim") or {}).get("ttft_parts") or {}
+            table.caption += f"\n  {name}: " + " / ".join(
+                f"{_ms_of(row['ttft_parts'][part])} ({_ms_of(sim_parts.get(part))})" for part in TTFT_PARTS)
+        averaged = {name: (row.get("sim_averaged") or {}).get("ttft", {}).get("mean")
+                    for name, row in d["policies"].items()}
+        if any(averaged.values()):
+            table.caption += ("\nsim with every policy priced alike (the runs' costs averaged), TTFT mean ms: "
+                              + ", ".join(f"{name} {_ms_of(mean)}" for name, mean in averaged.items()))
+        table.caption += "\nprefill s = c0 + c1 x new + c2 x pairs, profiled -> refitted:"
+        for name, row in d["policies"].items():
+            before, after = row.get("costs_profiled"), row.get("costs_refitted")
+            if before and after:
+                table.caption += (f"\n  {name}: {_coef(before['prefill_coef'])} -> {_coef(after['prefill_coef'])}"
+                                  f"; pulls at {after['transfer_bandwidth'] / 1e6:.0f} MB/s")
         return table
 
     emit(data, json_output, render)
@@ -174,6 +193,10 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
 
 def _ms_of(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _coef(terms: list[float]) -> str:
+    return ", ".join(f"{c:.3g}" for c in terms)
 
 
 __all__ = ["serve"]

@@ -9,6 +9,12 @@ only. With ``SimSetup.shared_cores`` every instance computes on those few cores 
 live bench's hosts (namespaces of one machine) do: a prefill job that has its prefix joins the
 cores as a task, a decode instance is one task while its batch is not empty, and every change of
 who computes re-times the planned prefill completion and each decode instance's steps.
+
+The conductor plans with the cost model's figures, so its predictions are the simulated
+cluster's truth, unless ``SimSetup.planned_with`` gives other ones to start from (a live
+conductor's start-up profile, say): then it learns the truth the way the live conductor does,
+from each prefill's computing time (``Conductor.observe_prefill``; with shared cores, the
+stretched time the job took) and each pull's time.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class SimSetup:
     # Cores that every instance's compute shares (processor sharing, see scheduler.sim.cores);
     # None: each instance computes on its own, as in the paper's cluster.
     shared_cores: int | None = None
+    # The prefill and decode models the conductor starts from; None: the cost model's own.
+    planned_with: CostModel | None = None
 
 
 class Simulator:
@@ -56,7 +64,9 @@ class Simulator:
         self.requests, self.cfg, self.setup, self.cost = requests, cfg, setup, setup.cost
         # The simulated caches report their own stores and evictions into the conductor's index.
         index, bs = CacheIndex(), cfg.block_tokens
-        self.conductor = Conductor(cfg, index=index, prefill_model=self.cost.prefill, tbt_model=self.cost.decode)
+        planned = setup.planned_with or self.cost
+        self.conductor = Conductor(cfg, index=index, prefill_model=planned.prefill, tbt_model=planned.decode)
+        self.learns = setup.planned_with is not None
         capacity = setup.cache_capacity_tokens
         self.prefill: dict[str, SimPrefill] = {}
         for i in range(setup.num_prefill):
@@ -145,7 +155,7 @@ class Simulator:
             ready = begin + wire + self.cost.link_latency
             instance.cache.insert(job.transfer_keys)  # the pulled prefix stays: hot-block replication
             self.result.transferred_tokens += job.transfer_tokens
-        job.transfer_seconds = ready - now
+        job.transfer_seconds, job.ready = ready - now, ready
         job.compute_seconds = self.cost.prefill_time(job.input_length, job.prefix_tokens)
         if self.cores is None:
             self._push(ready + job.compute_seconds, _PREFILL_DONE, instance.instance_id)
@@ -186,6 +196,7 @@ class Simulator:
             self.pool.insert(job.all_keys)
         instance.busy_seconds += now - job.started
         result.ttft.append(now - job.arrival)
+        result.queue_seconds.append(job.started - job.arrival)
         self._ttft[job.request_index] = now - job.arrival
         result.input_tokens += job.input_length
         result.hit_tokens += job.prefix_tokens
@@ -193,6 +204,8 @@ class Simulator:
         result.transfer_seconds += job.transfer_seconds
         self.conductor.prefill_finished(rid, now, transfer_tokens=job.transfer_tokens,
                                         transfer_seconds=job.transfer_seconds if job.transfer_tokens else None)
+        if self.learns:
+            self.conductor.observe_prefill(job.input_length, job.prefix_tokens, now - job.ready, instance.instance_id)
         decode_id = self.conductor.admit_decode(rid, now)
         if decode_id is None:
             result.reasons[REJECT_DECODE] += 1

@@ -33,6 +33,7 @@ class PrefillJob:
     transfer_keys: tuple
     all_keys: tuple
     started: float = 0.0
+    ready: float = 0.0  # its prefix in place: it computes from here
     transfer_seconds: float = 0.0
     compute_seconds: float = 0.0  # its work: what it takes alone on its own compute
 

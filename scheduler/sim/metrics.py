@@ -21,6 +21,7 @@ class SimResult:
     params: dict
     num_requests: int = 0
     ttft: list[float] = field(default_factory=list)  # every prefilled request
+    queue_seconds: list[float] = field(default_factory=list)  # of each: arrival to its job's start
     tbt: list[float] = field(default_factory=list)  # every decoded request: mean seconds/token
     goodput: int = 0  # decoded within both SLOs
     reasons: Counter = field(default_factory=Counter)  # decision reasons, rejections included
@@ -52,6 +53,7 @@ class SimResult:
             "decisions": {r: n for r, n in sorted(self.reasons.items()) if not r.startswith("reject")},
             "goodput": self.goodput,
             "ttft": distribution(self.ttft),
+            "queue_seconds": distribution(self.queue_seconds),
             "tbt": distribution(self.tbt),
             "hit_rate": self.hit_rate,
             "prefill_gpu_seconds": self.prefill_compute_seconds,

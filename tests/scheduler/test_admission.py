@@ -107,16 +107,26 @@ def test_observed_prefill_times_refit_the_model():
     for i in range(PREFILL_REFIT):
         n, p = 1000 + 997 * i, (i % 4) * 512
         refits.append(conductor.observe_prefill(n, p, truth.predict(n, p)))
-    assert refits == [False] * (PREFILL_REFIT - 1) + [True]
+    # Early refits after 8, 16 and 32 samples, then every PREFILL_REFIT; by then the samples
+    # alone determine the curve, and the prior they started from no longer counts.
+    assert [i + 1 for i, refitted in enumerate(refits) if refitted] == [8, 16, 32, PREFILL_REFIT]
     assert conductor.prefill_model.coef == pytest.approx(truth.coef, rel=1e-6)
 
 
-def test_uniform_samples_do_not_replace_the_model():
-    conductor = make("none")
-    before = conductor.prefill_model
+def test_uniform_samples_move_the_model_only_where_they_were_taken():
+    conductor = make("none")  # planned at 1 s per prefill, whatever the prompt
+    fits = []
     for _ in range(PREFILL_REFIT):
-        conductor.observe_prefill(4096, 0, 0.5)
-    assert conductor.prefill_model is before
+        if conductor.observe_prefill(4096, 0, 0.5):
+            fits.append(conductor.prefill_model)
+    # The first refits lean on the prior: near the samples' 0.5 s where they were taken (the
+    # prior counts as 3.5 samples against 8); the terms they cannot tell apart keep its value.
+    first = fits[0]
+    assert 0.5 < first.predict(4096, 0) < 0.6 and first.coef[1:] == (0.0, 0.0)
+    # Once the prior no longer counts, samples of one shape alone do not determine a curve:
+    # the model from the last early refit stays.
+    assert len(fits) == 3 and conductor.prefill_model is fits[-1]
+    assert conductor.prefill_model.predict(4096, 0) == pytest.approx(0.5, rel=0.03)
 
 
 def test_observed_decode_steps_refit_the_tbt_model():

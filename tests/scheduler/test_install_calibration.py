@@ -2,9 +2,10 @@
 
 import pytest
 
-from scheduler.conductor import PREFILL_REFIT, Conductor
+from scheduler.conductor import PREFILL_FIRST_REFIT, PREFILL_REFIT, Conductor
 from scheduler.config import SchedulerConfig
 from scheduler.cpp import CppPrefillTimeModel
+from scheduler.predictors import PrefillTimeModel
 
 
 def test_a_calibration_replaces_the_configured_figures():
@@ -48,3 +49,21 @@ def test_a_live_refit_is_not_replaced_by_a_later_workers_profile():
     conductor.install_calibration(bytes_per_token=4096, prefill_coef=(0.5, 0.5, 0.5))  # a worker joining late
     assert conductor.prefill_model.coef == refitted
     assert conductor.cost_figures()["kv_bytes_per_token"] == 4096
+
+
+def test_a_handful_of_served_samples_move_the_plan_off_the_start_up_profile():
+    # The profile times a bare forward pass; the served path takes twice as long per token and
+    # 10 ms more per job (layers sent and stored as computed, cores shared). Within a handful of
+    # requests the plan must follow the served costs, not wait for PREFILL_REFIT of them.
+    conductor = Conductor(SchedulerConfig())
+    conductor.add_prefill("p0")
+    profile = (0.0015, 3.2e-5, 8e-8)
+    conductor.install_calibration(prefill_coef=profile)
+    served = PrefillTimeModel((0.0115, 6.4e-5, 1.6e-7))
+    shapes = [(320, 0), (832, 512), (1024, 0), (576, 448), (704, 192), (960, 768), (448, 0), (640, 128)]
+    for n, p in shapes:
+        conductor.observe_prefill(n, p, served.predict(n, p))
+    assert len(shapes) == PREFILL_FIRST_REFIT and conductor.prefill_model.coef != profile
+    # The profile still counts as a few samples, so the plan is near, not at, the served costs.
+    for n, p in shapes:
+        assert conductor.prefill_model.predict(n, p) == pytest.approx(served.predict(n, p), rel=0.05)

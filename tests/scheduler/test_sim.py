@@ -6,10 +6,11 @@ of 2048 tokens take 0.1 s on the wire plus 1 ms latency. Blocks are the trace's 
 
 import pytest
 
+from scheduler.conductor import PREFILL_REFIT
 from scheduler.config import SchedulerConfig
 from scheduler.predictors import DecodeTbtModel, PrefillTimeModel
 from scheduler.sim.cost_model import CostModel
-from scheduler.sim.engine import SimSetup, simulate
+from scheduler.sim.engine import Simulator, SimSetup, simulate
 from scheduler.sim.trace import TraceRequest
 
 COST = CostModel(bytes_per_token=1, bandwidth=20480.0, link_latency=0.001,
@@ -37,6 +38,7 @@ def test_one_prefill_instance_queues_and_reuses_its_own_prefix():
     assert result.hit_tokens == 1024 and result.hit_rate == pytest.approx(1024 / 3584)
     assert result.prefill_compute_seconds == pytest.approx(2.56)
     assert result.goodput == 3 and result.rejected == 0
+    assert result.queue_seconds == pytest.approx([0.0, 1.024, 0.0])  # r1 waited for r0
     assert result.sim_seconds == pytest.approx(5.512 + 20 * 0.01)
     assert dict(result.reasons) == {"miss": 2, "local_hit": 1}
     # One load sample a second up to the last arrival: at t=1 r0 runs and r1 waits behind it.
@@ -85,3 +87,16 @@ def test_decode_batch_shares_steps_and_full_decode_rejects_after_prefill():
     assert result.wasted_prefill_seconds == pytest.approx(1.0)  # the rejected one's prefill
     assert result.tbt == pytest.approx([0.02, 0.02])
     assert result.sim_seconds == pytest.approx(1.0 + 100 * 0.02)
+
+
+def test_a_conductor_planning_from_other_costs_learns_the_simulated_ones():
+    # As live: the conductor starts from a start-up profile 4x too fast, and learns what the
+    # prefills really take from each one it sees finish (after PREFILL_REFIT, exactly).
+    profile = CostModel(prefill=PrefillTimeModel((0.0, 2.5e-4, 0.0)), decode=COST.decode)
+    trace = [TraceRequest(2.0 * i, 512 * (1 + i % 4), 1, (100 + i,)) for i in range(PREFILL_REFIT)]
+    knowing = Simulator(trace, cfg(), SimSetup(num_prefill=1, num_decode=1, cost=COST))
+    learning = Simulator(trace, cfg(), SimSetup(num_prefill=1, num_decode=1, cost=COST, planned_with=profile))
+    assert knowing.run().ttft == pytest.approx(learning.run().ttft)  # what happens is the truth's
+    assert learning.conductor.prefill_model.coef == pytest.approx(COST.prefill.coef, abs=1e-9)
+    # One that knows the truth from the start has nothing to learn: nothing observed.
+    assert not knowing.conductor.prefill_samples

@@ -48,7 +48,7 @@ def test_the_conductor_plans_with_the_costs_the_workers_measured(pd_cluster):
     # KV per token from the served model's layout: 4 layers x (K, V) x 2 KV heads x 32 dims x 4 bytes.
     assert metric(url, "mooncake_cost_kv_bytes_per_token") == 2048
     # A measured pull and profiled prefill/decode costs, not the 70B-on-A800 defaults (one request
-    # so far: far from the 64 samples a refit needs).
+    # so far: short of the 8 samples the first refit needs).
     assert metric(url, "mooncake_cost_transfer_bandwidth_bytes") not in (0, 12.5e9)
     prefill = [metric(url, "mooncake_cost_prefill_seconds", term=t) for t in ("fixed", "per_token", "per_token_pair")]
     tbt = [metric(url, "mooncake_cost_tbt_seconds", term=t) for t in ("fixed", "per_sequence", "per_context_token")]
