@@ -12,7 +12,6 @@ went (:data:`TTFT_PARTS`), so that the live and the simulated TTFT compare part 
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from typing import Any
@@ -178,9 +177,3 @@ def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_pref
                            "compute": float(np.mean(result.ttft)) - queue - load if done else None,
                            "handoff": 0.0 if done else None, "other": 0.0 if done else None}}
 
-
-def ttft_ratio(rows: dict[str, dict], better: str, worse: str) -> float | None:
-    """Mean TTFT of ``worse`` over that of ``better`` (None when either is missing)."""
-    a = rows.get(better, {}).get("ttft", {}).get("mean")
-    b = rows.get(worse, {}).get("ttft", {}).get("mean")
-    return b / a if a and b and not math.isnan(a) else None
