@@ -176,4 +176,3 @@ def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_pref
             "ttft_parts": {"queue": queue, "load": load,
                            "compute": float(np.mean(result.ttft)) - queue - load if done else None,
                            "handoff": 0.0 if done else None, "other": 0.0 if done else None}}
-
