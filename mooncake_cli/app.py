@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from mooncake_cli.coercion import context_of, defer_coercion
+
 # Which module of commands/ registers each command (with its `register(root)`), in the order
 # `mooncake --help` lists them.
 COMMANDS = {
@@ -57,6 +59,16 @@ class LazyGroup(TyperGroup):
 
     def __init__(self, **attrs) -> None:
         super().__init__(**{**attrs, "commands": LazyCommands()})
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, TyperCommand | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:  # about to run: see mooncake_cli.coercion
+            defer_coercion(command, context_of(command, name, ctx))
+        return name, command, rest
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        defer_coercion(self, ctx, subcommands=False)  # built when resolved, above
+        return super().parse_args(ctx, args)
 
 
 app = typer.Typer(

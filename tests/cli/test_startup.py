@@ -3,8 +3,8 @@
 Shell scripts call `mooncake exists` and `mooncake get` in loops, and the suite's own daemons
 start as `python -m mooncake_cli start ROLE --foreground`: the root group imports only the
 module of the command that runs, a command module imports the library behind it inside the
-command, and a small object's put or get moves through no numpy. These fail when a heavy import
-comes back to a module's top level.
+command, parsing imports no pydantic (mooncake_cli.coercion), and a small object's put or get
+moves through no numpy. These fail when a heavy import comes back to a module's top level.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ BEHIND_THE_COMMANDS = (
 # What only a daemon's own process needs: `mooncake status` and `down` import the supervisor.
 DAEMON_CODE = ("torch", "numpy", "etcd3gw", "requests", "daemons.master", "daemons.store_client", "store.client")
 # What no put, get or exists of a small object needs: the models' and etcd's libraries, numpy
-# (large copies only), and the daemons.
-NOT_FOR_A_SMALL_OBJECT = ("torch", "numpy", "etcd3gw", "requests", "yaml", "daemons.supervisor",
+# (large copies only), pydantic (typer's conversion of values: mooncake_cli.coercion), and the
+# daemons.
+NOT_FOR_A_SMALL_OBJECT = ("torch", "numpy", "etcd3gw", "requests", "yaml", "pydantic", "daemons.supervisor",
                           "daemons.launcher", "daemons.master", "daemons.store_client")
 
 
