@@ -34,7 +34,7 @@ def _params(command: Any, ctx: typer.Context) -> Iterator[tuple[str, Any, typer.
 def _each_parameter_twice() -> Iterator[tuple[str, Any, typer.Context, Any, typer.Context]]:
     """Every parameter of every command, as typer builds it and as `mooncake` runs it."""
     root = typer.Context(typer.main.get_command(app), info_name="mooncake")
-    for module in sorted(set(COMMANDS.values())):
+    for module in sorted({entry.module for entry in COMMANDS.values()}):
         typers, deferred = commands_of(module), commands_of(module)
         for name in typers:
             plain_ctx = context_of(typers[name], name, root)
