@@ -81,3 +81,16 @@ def test_a_value_typer_must_convert_is_converted_by_typer():
         replicas.process_value(ctx, "0")
     output = next(p for p in commands_of("store")["get"].params if p.name == "output")
     assert DeferredCoercion(takes_text=False).coerce("out.bin", output, ctx) == Path("out.bin")
+
+
+def test_text_for_a_parser_goes_to_the_parser():
+    holder = typer.Typer()
+
+    @holder.command()
+    def shout(word: str = typer.Option("", parser=str.upper)) -> None:
+        """A parameter of text that typer converts: none of ours has a parser yet."""
+
+    command = typer.main.get_command(holder)
+    ctx = typer.Context(command, info_name="shout")
+    defer_coercion(command, ctx)
+    assert command.params[0].process_value(ctx, "quiet") == "QUIET"
