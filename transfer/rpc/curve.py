@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
 
 from transfer.auth import MAX_TENANT_NAME, ClusterSecret, Credential
 from transfer.errors import Unauthorized
 from transfer.rpc.log_throttle import LogThrottle
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,10 @@ def make_server(sock: zmq.Socket, context: zmq.Context, secret: Credential,
     cluster's, or a tenant's for a tenant process's own server), or with ``admits_tenants`` any
     key, whose messages :func:`sender` then checks; returns the monitor socket its handshake
     failures arrive on (see :class:`RefusalLog`) if asked."""
+    # Imported here, not at the top: pyzmq's authenticator and monitor bring asyncio (about 15 ms),
+    # which a client (every `mooncake get` or `exists`) does not need.
+    from zmq.auth.thread import ThreadAuthenticator
+
     with _lock:
         if context not in _authenticators:
             authenticator = ThreadAuthenticator(context, log=logging.getLogger("transfer.rpc.zap"))
@@ -124,6 +130,8 @@ class RefusalLog:
         self._throttle = LogThrottle(log)
 
     def read(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message  # see make_server
+
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
             self.num_refused += 1
