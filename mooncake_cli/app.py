@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -34,7 +35,7 @@ COMMANDS = {
     "up": Entry("cluster", "Start every daemon of a single-host cluster in the background and wait until all are healthy."),
     "status": Entry("cluster", "Show each daemon's role, pid, address, metrics URL, uptime and health."),
     "restart": Entry("cluster", "Restart one daemon of the running cluster: stop it (SIGTERM, SIGKILL after --stop-grace) "
-                                "if\nit runs, then start it again on its old control port, in the same cluster."),
+                                "if it runs, then start it again on its old control port, in the same cluster."),
     "down": Entry("cluster", "Stop the cluster: SIGTERM, then SIGKILL after --stop-grace; remove pidfiles and shared memory."),
     "sim": Entry("sim", "Replay TRACE through the conductor (Algorithm 1, hot-block replication, early rejection)."),
     "put": Entry("store", "Store FILE (or stdin) under KEY."),
@@ -56,7 +57,26 @@ def commands_of(module: str) -> dict[str, TyperCommand | TyperGroup]:
     """The commands that ``mooncake_cli.commands.<module>`` registers, built as click commands."""
     holder = typer.Typer()
     importlib.import_module(f"mooncake_cli.commands.{module}").register(holder)
-    return dict(typer.main.get_group(holder).commands)
+    commands = dict(typer.main.get_group(holder).commands)
+    for command in commands.values():
+        _reflow_help(command)
+    return commands
+
+
+def _reflow_help(command: TyperCommand | TyperGroup) -> None:
+    """Join the source line breaks inside each paragraph of a command's help (and its
+    subcommands'): typer joins them in the first paragraph only, so the rest came out as
+    source lines cut again by the terminal's width. A paragraph that is a list, or indented,
+    keeps its lines."""
+    if command.help:
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(p if _keeps_lines(p) else " ".join(p.split("\n")) for p in paragraphs)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_help(sub)
+
+
+def _keeps_lines(paragraph: str) -> bool:
+    return paragraph.startswith("\b") or any(line.startswith((" ", "-", "*", "|")) for line in paragraph.split("\n"))
 
 
 class LazyCommands(Mapping):
