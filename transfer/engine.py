@@ -29,7 +29,7 @@ from transfer.metadata.table import MetadataTable
 from transfer.path_selection import PathSet
 from transfer.rdma import verbs_pyverbs
 from transfer.rdma.handshake import CONNECT_OP
-from transfer.rdma.probe import open_devices
+from transfer.rdma import probe as rdma_probe
 from transfer.rdma.transport import RdmaTransport
 from transfer.rdma.verbs import Verbs, VerbsUnavailable
 from transfer.rpc.client_server import Request, RpcServer
@@ -123,8 +123,12 @@ class TransferEngine(BatchMixin):
         """Usable RDMA devices; under ``auto`` none (and the reason kept) when RDMA is absent."""
         if self.options.protocol not in ("auto", "rdma"):
             return []
+        absent = rdma_probe.kernel_lists_no_device() if verbs is None and self.options.protocol == "auto" else None
+        if absent:
+            self._fall_back(absent)
+            return []
         try:
-            return open_devices(verbs or verbs_pyverbs.load(), self.options.rdma_gid_index,
+            return rdma_probe.open_devices(verbs or verbs_pyverbs.load(), self.options.rdma_gid_index,
                                 self.options.rdma_mtu)
         except VerbsUnavailable as exc:
             if self.options.protocol == "rdma":

@@ -65,6 +65,24 @@ def test_auto_falls_back_to_tcp_and_says_why_once(caplog):
                         "no usable RDMA device: once_0 has no active port (port 1 is DOWN)"]
 
 
+def test_auto_skips_pyverbs_when_the_kernel_lists_no_device(tmp_path, monkeypatch):
+    """A client under ``auto`` on a host without RDMA need not import pyverbs to learn that; one
+    whose kernel lists a device still asks libibverbs (here the import is made to fail)."""
+    monkeypatch.setattr(rdma_probe, "SYSFS_DEVICES", str(tmp_path / "absent"))
+    monkeypatch.setattr(verbs_pyverbs, "load", lambda: pytest.fail("pyverbs was loaded"))
+    with TransferEngine(options=EngineOptions(protocol="auto"), gpudirect=False) as engine:
+        assert engine.status()["transports"] == ["shm", "tcp"]
+        assert "lists none" in engine.status()["rdma_unavailable"]
+    (tmp_path / "listed" / "mlx5_0").mkdir(parents=True)
+    monkeypatch.setattr(rdma_probe, "SYSFS_DEVICES", str(tmp_path / "listed"))
+
+    def unavailable():
+        raise VerbsUnavailable("pyverbs is not installed (test)")
+    monkeypatch.setattr(verbs_pyverbs, "load", unavailable)
+    with TransferEngine(options=EngineOptions(protocol="auto"), gpudirect=False) as engine:
+        assert engine.status()["rdma_unavailable"] == "pyverbs is not installed (test)"
+
+
 def test_rdma_only_without_a_device_refuses_to_start():
     with pytest.raises(DeviceNotFound, match=r"no RDMA device on this host \(libibverbs lists none\)"):
         _engine(FakeVerbs(Fabric(), "a", []), protocol="rdma")
