@@ -31,6 +31,7 @@ from store.disk_reader import DiskReader
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError, ObjectNotFound
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
+from store.segment_copy import Copy, SegmentCopier
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import client_credential
@@ -69,6 +70,7 @@ class StoreClient:
             self.master.close()  # the master may be unreachable: this constructor still owns its client
             raise
         self.owner: SegmentOwner | None = None
+        self.copier = SegmentCopier(self.config.shm_copy_threads)  # for replicas in self.owner's segment
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self.stats = ClientStats()
@@ -98,6 +100,7 @@ class StoreClient:
             except MooncakeError:
                 pass  # the master is gone or already dropped us; the TTL cleans up
         self.disk.close()
+        self.copier.close()
         self.engine.close()
         self.master.close()
 
@@ -169,19 +172,26 @@ class StoreClient:
         if not len(keys) == len(addresses) == len(sizes):
             raise InvalidParams("keys, addresses and sizes must have the same length")
         # AddressNotRegistered before the master allocates anything.
-        views = [self.engine.buffer_at(a, max(n, 1)) for a, n in zip(addresses, sizes)]
+        views = self.engine.host_views(addresses, [max(n, 1) for n in sizes])
         checksummed = self.config.checksum
-        checksums = [checksum_of(v) if checksummed and n > 0 else None  # a view of n > 0 is n long
-                     for v, n in zip(views, sizes)]
         config = self.replicate_config(**replication)
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
-        failed = self._move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes])
-        for (i, _), error in zip(writes, failed):
+        failed, digests = self._transfer(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes],
+                                         checksummed)
+        checksums: list[int | None] = [None] * len(keys)
+        for (i, _), error, digest in zip(writes, failed, digests):
             if error is not None and results[i] is None:
                 results[i] = error
+            if digest is not None:  # what a copy into our own segment hashed on the way
+                checksums[i] = digest
         done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
+        if checksummed:
+            for i in done:
+                if checksums[i] is None and sizes[i] > 0:  # a view of n > 0 is n long
+                    checksums[i] = checksum_of(views[i] if views[i] is not None
+                                               else self.engine.buffer_at(addresses[i], sizes[i]))
         undo = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is not None]
         if undo:
             self.master.batch_put_revoke([keys[i] for i in undo])
@@ -244,12 +254,18 @@ class StoreClient:
             else:
                 results.append(item.size)
                 pending[i] = self._ordered(item.replicas)
+        checksummed = self.config.checksum
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
             in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
-            errors = dict(zip((i for i, _ in in_memory), self._move(
-                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
+            failed, digested = self._transfer(
+                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory], checksummed)
             copied = time.monotonic()  # every in-memory copy of this round finished by now
+            errors = dict(zip((i for i, _ in in_memory), failed))
+            digests = dict(zip((i for i, _ in in_memory), digested))
+            if checksummed:
+                self._digest_read(lists, targets, [i for i in errors if errors[i] is None and digests[i] is None
+                                                   and lists[i].checksum is not None], digests)
             for i, replica in attempt:
                 if i in errors:
                     error, finished = errors[i], copied
@@ -257,7 +273,7 @@ class StoreClient:
                     error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
                     finished = time.monotonic()
                 if error is None:
-                    error = self._verify(lists[i], targets[i][0], asked, finished)
+                    error = self._verify(lists[i], targets[i][0], asked, finished, digests.get(i))
                 if error is None and i not in errors and lists[i].promote:
                     self._promote(lists[i], targets[i][0])
                 if error is None or not pending[i]:
@@ -265,6 +281,17 @@ class StoreClient:
                     del pending[i]
         self.stats.record_gets(results)
         return results
+
+    def _digest_read(self, lists: list, targets: dict[int, tuple[int, int]], read: list[int],
+                     digests: dict[int, int | None]) -> None:
+        """Checksum the objects ``read`` (by index) where they landed, their memory looked up
+        once per buffer; objects in GPU memory are left to :meth:`_verify`."""
+        if not read:
+            return
+        views = self.engine.host_views([targets[i][0] for i in read], [lists[i].size for i in read])
+        for i, view in zip(read, views):
+            if view is not None:
+                digests[i] = checksum_of(view)
 
     def _promote(self, replicas: ReplicaList, address: int) -> None:
         """Copy an object just read from disk back into memory (best effort: it stays on disk)."""
@@ -281,13 +308,17 @@ class StoreClient:
         except MooncakeError:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
-    def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float) -> MooncakeError | None:
-        """``asked``: when the lease was asked for; ``finished``: when the copy had finished."""
+    def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float,
+                digest: int | None = None) -> MooncakeError | None:
+        """``asked``: when the lease was asked for; ``finished``: when the copy had finished;
+        ``digest``: the checksum of the bytes read if the copy took it on the way."""
         if finished > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
-        if (self.config.checksum and replicas.checksum is not None
-                and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
-            return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
+        if self.config.checksum and replicas.checksum is not None:
+            if digest is None:
+                digest = checksum_of(self.engine.buffer_at(address, replicas.size))
+            if digest != replicas.checksum:
+                return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
         return None
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
@@ -297,6 +328,52 @@ class StoreClient:
         return sorted(replicas, key=lambda r: (r.tier != _MEMORY, r.host != self.engine.host_id))
 
     def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
+        """Per move (local address, replica, size) None or the error that ended it."""
+        return self._transfer(opcode, moves, False)[0]
+
+    def _transfer(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]],
+                  checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
+        """:meth:`_move`, and per move the checksum of the bytes moved where the move copied
+        them itself (a replica in our own segment, when ``checksum``), else None."""
+        errors: list[MooncakeError | None] = [None] * len(moves)
+        digests: list[int | None] = [None] * len(moves)
+        own = self._own_copies(opcode, moves)
+        if own:
+            try:
+                for n, digest in zip(own, self.copier.copy(list(own.values()), checksum)):
+                    digests[n] = digest
+            except (ValueError, BufferError) as exc:  # our memory went away under us: not to retry
+                for n in own:
+                    errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
+        rest = [n for n in range(len(moves)) if n not in own]
+        if rest:
+            for n, error in zip(rest, self._engine_move(opcode, [moves[n] for n in rest])):
+                errors[n] = error
+        return errors, digests
+
+    def _own_copies(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> dict[int, Copy]:
+        """Per move to or from our own segment (and host memory here), its copy (target, source):
+        it needs no transport, and this process copies (and checksums) it best itself."""
+        if self.owner is None:
+            return {}
+        segment_id = self.owner.segment.segment_id
+        mine = [n for n, (_, replica, size) in enumerate(moves)
+                if replica.segment_id == segment_id and size > 0 and replica.tier == _MEMORY]
+        if not mine:
+            return {}
+        try:
+            locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
+        except MooncakeError:
+            return {}  # an unregistered address: the engine reports it move by move
+        copies: dict[int, Copy] = {}
+        for n, local in zip(mine, locals_):
+            _, replica, size = moves[n]
+            remote = self.owner.view(replica.address, size)
+            if local is not None and remote is not None:  # else GPU memory or a drained segment
+                copies[n] = (local, remote) if opcode == OpCode.READ else (remote, local)
+        return copies
+
+    def _engine_move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
         """One engine batch; per move None or the error that ended it."""
         results: list[MooncakeError | None] = [None] * len(moves)
         requests, index = [], []

@@ -75,3 +75,31 @@ def test_a_get_verifies_every_object_against_its_checksum(mooncake):
         results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
         assert isinstance(results[0], ChecksumMismatch) and results[1:] == [sizes["small"], sizes["odd"]]
         client.unregister_buffer(base)
+
+
+def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_tcp(mooncake):
+    """Like the C++ store's memcpy for a local segment: a client reads and writes replicas in
+    its own segment by copying, so even with the TCP transport forced it opens no connection to
+    itself, for a batch big enough to be shared out among copy threads too; the checksums it
+    takes on the way are those a reader verifies."""
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir, transfer_protocol="tcp"), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        sizes = {"big": (2 << 20) + 17, "small": 4096, "odd": 300_001}
+        values = {key: np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()}
+        memory = np.concatenate(list(values.values()))
+        base = client.register_buffer(memory)
+        offsets = np.cumsum([0, *sizes.values()])[:-1].tolist()
+        addresses = [base + offset for offset in offsets]
+        assert client.batch_put_from(list(sizes), addresses, list(sizes.values()),
+                                     preferred_segments=(mine,), replicas=1) == [None] * len(sizes)
+        assert all(r.segment_id == mine for key in sizes for r in client.get_replicas(key).replicas)
+
+        memory[:] = 0
+        assert client.batch_get_into(list(sizes), addresses, list(sizes.values())) == list(sizes.values())
+        assert np.array_equal(memory, np.concatenate(list(values.values())))
+        with client_for(mooncake.workdir) as reader:  # another client verifies the put's checksums
+            assert bytes(reader.get("odd")) == value_for("odd", sizes["odd"])
+        tcp = next(t for t in client.engine.transports if t.name == "tcp")
+        assert tcp.num_connections() == 0
+        client.unregister_buffer(base)
