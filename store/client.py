@@ -258,40 +258,50 @@ class StoreClient:
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
             in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
-            failed, digested = self._transfer(
+            failed, digests = self._transfer(
                 OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory], checksummed)
             copied = time.monotonic()  # every in-memory copy of this round finished by now
-            errors = dict(zip((i for i, _ in in_memory), failed))
-            digests = dict(zip((i for i, _ in in_memory), digested))
-            if checksummed:
-                self._digest_read(lists, targets, [i for i in errors if errors[i] is None and digests[i] is None
-                                                   and lists[i].checksum is not None], digests)
-            for i, replica in attempt:
-                if i in errors:
-                    error, finished = errors[i], copied
-                else:
-                    error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
-                    finished = time.monotonic()
+            if checksummed and len(in_memory) > 1:  # one object: _verify's own look-up is cheaper
+                self._digest_read(lists, targets, in_memory, failed, digests)
+            for (i, _), error, digest in zip(in_memory, failed, digests):
                 if error is None:
-                    error = self._verify(lists[i], targets[i][0], asked, finished, digests.get(i))
-                if error is None and i not in errors and lists[i].promote:
-                    self._promote(lists[i], targets[i][0])
-                if error is None or not pending[i]:
-                    results[i] = error if error is not None else lists[i].size
-                    del pending[i]
+                    error = self._verify(lists[i], targets[i][0], asked, copied, digest, checksummed)
+                self._settle(i, error, lists, pending, results)
+            for i, replica in attempt:
+                if replica.tier != _MEMORY:
+                    error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                    if error is None:
+                        error = self._verify(lists[i], targets[i][0], asked, time.monotonic(), None, checksummed)
+                    if error is None and lists[i].promote:
+                        self._promote(lists[i], targets[i][0])
+                    self._settle(i, error, lists, pending, results)
         self.stats.record_gets(results)
         return results
 
-    def _digest_read(self, lists: list, targets: dict[int, tuple[int, int]], read: list[int],
-                     digests: dict[int, int | None]) -> None:
-        """Checksum the objects ``read`` (by index) where they landed, their memory looked up
-        once per buffer; objects in GPU memory are left to :meth:`_verify`."""
+    @staticmethod
+    def _settle(i: int, error: MooncakeError | None, lists: list, pending: dict[int, list],
+                results: list) -> None:
+        """Object ``i`` was read (``error`` None) or failed on a replica: done unless another
+        replica is left to try."""
+        if error is None or not pending[i]:
+            results[i] = lists[i].size if error is None else error
+            del pending[i]
+
+    def _digest_read(self, lists: list, targets: dict[int, tuple[int, int]],
+                     moved: list[tuple[int, ReplicaDescriptor]], failed: list[MooncakeError | None],
+                     digests: list[int | None]) -> None:
+        """Fill in ``digests`` (per move) for the objects ``moved`` into place without one,
+        checksummed where they landed, their memory looked up once per buffer; objects in GPU
+        memory are left to :meth:`_verify`."""
+        read = [n for n, ((i, _), error, digest) in enumerate(zip(moved, failed, digests))
+                if error is None and digest is None and lists[i].checksum is not None]
         if not read:
             return
-        views = self.engine.host_views([targets[i][0] for i in read], [lists[i].size for i in read])
-        for i, view in zip(read, views):
+        indexes = [moved[n][0] for n in read]
+        views = self.engine.host_views([targets[i][0] for i in indexes], [lists[i].size for i in indexes])
+        for n, view in zip(read, views):
             if view is not None:
-                digests[i] = checksum_of(view)
+                digests[n] = checksum_of(view)
 
     def _promote(self, replicas: ReplicaList, address: int) -> None:
         """Copy an object just read from disk back into memory (best effort: it stays on disk)."""
@@ -309,12 +319,13 @@ class StoreClient:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
     def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float,
-                digest: int | None = None) -> MooncakeError | None:
+                digest: int | None, checksummed: bool) -> MooncakeError | None:
         """``asked``: when the lease was asked for; ``finished``: when the copy had finished;
-        ``digest``: the checksum of the bytes read if the copy took it on the way."""
+        ``digest``: the checksum of the bytes read if it was taken already; ``checksummed``:
+        whether this client checks them (the checksum setting, looked up once per batch)."""
         if finished > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
-        if self.config.checksum and replicas.checksum is not None:
+        if checksummed and replicas.checksum is not None:
             if digest is None:
                 digest = checksum_of(self.engine.buffer_at(address, replicas.size))
             if digest != replicas.checksum:
@@ -335,16 +346,17 @@ class StoreClient:
                   checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
         """:meth:`_move`, and per move the checksum of the bytes moved where the move copied
         them itself (a replica in our own segment, when ``checksum``), else None."""
-        errors: list[MooncakeError | None] = [None] * len(moves)
         digests: list[int | None] = [None] * len(moves)
         own = self._own_copies(opcode, moves)
-        if own:
-            try:
-                for n, digest in zip(own, self.copier.copy(list(own.values()), checksum)):
-                    digests[n] = digest
-            except (ValueError, BufferError) as exc:  # our memory went away under us: not to retry
-                for n in own:
-                    errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
+        if not own:
+            return self._engine_move(opcode, moves), digests
+        errors: list[MooncakeError | None] = [None] * len(moves)
+        try:
+            for n, digest in zip(own, self.copier.copy(list(own.values()), checksum)):
+                digests[n] = digest
+        except (ValueError, BufferError) as exc:  # our memory went away under us: not to retry
+            for n in own:
+                errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
         rest = [n for n in range(len(moves)) if n not in own]
         if rest:
             for n, error in zip(rest, self._engine_move(opcode, [moves[n] for n in rest])):
