@@ -6,8 +6,9 @@
     address = client.register_buffer(array)   # then put_from / get_into copy no extra time
 
 The master only hands out where replicas live; every byte moves between this process's
-registered memory and the replicas' segments through the transfer engine (shared memory for a
-segment on this host, TCP otherwise). A put is acknowledged only after every replica was written
+registered memory and the replicas' segments: copied by this process itself when it can map the
+segment (its own, or another process's on this host, through shared memory), checksummed on the
+way (:mod:`store.segment_copy`); through the transfer engine otherwise (TCP, RDMA, GPU memory). A put is acknowledged only after every replica was written
 and the master marked it complete; any failure in between revokes it. A get verifies the
 object's checksum (xxh3-64, taken at put) and refuses bytes whose read lease ran out before the
 copy finished (LeaseExpired): after the lease the range may already hold another object.
@@ -43,9 +44,9 @@ from transfer.memory import copy_into
 from transfer.settings import Config, resolve
 
 
-# A move this small runs on the calling thread when shared memory or TCP reaches the replica:
-# handing it to the engine's copy or connection threads and waiting for them costs several
-# times the move itself.
+# A move this small runs on the calling thread when TCP reaches the replica: handing it to the
+# engine's connection threads and waiting for them costs several times the move itself. (Memory
+# this process can map, it always copies itself: see StoreClient._transfer.)
 INLINE_BYTES = 1 << 20
 _MEMORY = ReplicaTier.MEMORY.value  # a descriptor's tier, compared per replica read
 
@@ -344,28 +345,49 @@ class StoreClient:
 
     def _transfer(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]],
                   checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
-        """:meth:`_move`, and per move the checksum of the bytes moved where the move copied
-        them itself (a replica in our own segment, when ``checksum``), else None."""
-        digests: list[int | None] = [None] * len(moves)
-        own = self._own_copies(opcode, moves)
-        if not own:
-            return self._engine_move(opcode, moves), digests
+        """:meth:`_move`, and per move the checksum of the bytes moved (with ``checksum``) where
+        this process copied them itself, else None. It copies every move between host memory
+        here and memory it can map: its own segment, or a same-host peer's shared-memory
+        region; the engine moves the rest."""
         errors: list[MooncakeError | None] = [None] * len(moves)
-        try:
-            for n, digest in zip(own, self.copier.copy(list(own.values()), checksum)):
-                digests[n] = digest
-        except (ValueError, BufferError) as exc:  # our memory went away under us: not to retry
-            for n in own:
-                errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
-        rest = [n for n in range(len(moves)) if n not in own]
-        if rest:
-            for n, error in zip(rest, self._engine_move(opcode, [moves[n] for n in rest])):
-                errors[n] = error
+        digests: list[int | None] = [None] * len(moves)
+        copies = self._own_copies(opcode, moves)
+        requests: list[tuple[int, TransferRequest]] = []
+        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
+        for n, (address, replica, size) in enumerate(moves):
+            if size == 0 or n in copies:
+                continue
+            try:
+                handle = handles.get(replica.segment_name)
+                if handle is None:
+                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
+            except MooncakeError as exc:
+                errors[n] = exc
+                continue
+            requests.append((n, TransferRequest(opcode, address, handle, replica.address, size, replica.grant)))
+        unshared: list[tuple[int, TransferRequest]] = []
+        if requests:
+            for (n, request), views in zip(requests, self.engine.shared_views([r for _, r in requests])):
+                if views is None:
+                    unshared.append((n, request))
+                elif isinstance(views, MooncakeError):
+                    errors[n] = views
+                else:  # (local, remote): the target is the local side of a read
+                    copies[n] = views if opcode == OpCode.READ else (views[1], views[0])
+        if copies:
+            try:
+                for n, digest in zip(copies, self.copier.copy(list(copies.values()), checksum)):
+                    digests[n] = digest
+            except (ValueError, BufferError) as exc:  # the memory went away under us: not to retry
+                for n in copies:
+                    errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
+        if unshared:
+            self._engine_move(unshared, errors)
         return errors, digests
 
     def _own_copies(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> dict[int, Copy]:
-        """Per move to or from our own segment (and host memory here), its copy (target, source):
-        it needs no transport, and this process copies (and checksums) it best itself."""
+        """Per move to or from our own segment (and host memory here), its copy (target, source),
+        found with no look-up in the engine: the cheapest of all."""
         if self.owner is None:
             return {}
         segment_id = self.owner.segment.segment_id
@@ -385,49 +407,33 @@ class StoreClient:
                 copies[n] = (local, remote) if opcode == OpCode.READ else (remote, local)
         return copies
 
-    def _engine_move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
-        """One engine batch; per move None or the error that ended it."""
-        results: list[MooncakeError | None] = [None] * len(moves)
-        requests, index = [], []
-        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
-        for n, (address, replica, size) in enumerate(moves):
-            if size == 0:
-                continue
-            try:
-                handle = handles.get(replica.segment_name)
-                if handle is None:
-                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
-            except MooncakeError as exc:
-                results[n] = exc
-                continue
-            requests.append(TransferRequest(opcode, address, handle, replica.address, size, replica.grant))
-            index.append(n)
-        if sum(r.length for r in requests) <= INLINE_BYTES:
-            outcomes = self.engine.transfer_now_many(requests)
-            for n, outcome in zip(index, outcomes):
+    def _engine_move(self, requests: list[tuple[int, TransferRequest]], errors: list[MooncakeError | None]) -> None:
+        """Move ``requests`` (each with its move's index) through the engine, recording each
+        failure in ``errors``: on the calling thread when small, else as one engine batch."""
+        if sum(r.length for _, r in requests) <= INLINE_BYTES:
+            outcomes = self.engine.transfer_now_many([r for _, r in requests])
+            for (n, _), outcome in zip(requests, outcomes):
                 if isinstance(outcome, MooncakeError):
-                    results[n] = outcome
-            batched = [(n, r) for n, r, outcome in zip(index, requests, outcomes) if outcome is False]
-            index, requests = [n for n, _ in batched], [r for _, r in batched]
+                    errors[n] = outcome
+            requests = [moved for moved, outcome in zip(requests, outcomes) if outcome is False]
         if not requests:
-            return results
+            return
         batch = self.engine.allocate_batch_id(len(requests))
         try:
-            self.engine.submit_transfer(batch, requests)
+            self.engine.submit_transfer(batch, [r for _, r in requests])
             self.engine.wait_batch(batch)
-            for k, n in enumerate(index):
+            for k, (n, _) in enumerate(requests):
                 status = self.engine.get_transfer_status(batch, k)
                 if status.status != Status.COMPLETED:
-                    results[n] = _transfer_error(status)
+                    errors[n] = _transfer_error(status)
         except MooncakeError as exc:
-            for n in index:
-                results[n] = results[n] or exc
+            for n, _ in requests:
+                errors[n] = errors[n] or exc
         finally:
             try:
                 self.engine.free_batch_id(batch)
             except MooncakeError:
                 pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
-        return results
 
     def move_ranges(self, opcode: OpCode,
                     ranges: list[tuple[int, ReplicaDescriptor, int, int]]) -> list[MooncakeError | None]:

@@ -1,7 +1,11 @@
 """A client that owns a segment reads objects from a chosen segment and keeps copies of objects
-it already holds in memory (what a prefill worker does with its instance-local KV cache)."""
+it already holds in memory (what a prefill worker does with its instance-local KV cache); the
+bytes of segments a client can map (its own, another process's on this host) it copies itself,
+checking each object's checksum on the way."""
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -102,4 +106,31 @@ def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_
             assert bytes(reader.get("odd")) == value_for("odd", sizes["odd"])
         tcp = next(t for t in client.engine.transports if t.name == "tcp")
         assert tcp.num_connections() == 0
+        client.unregister_buffer(base)
+
+
+def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake):
+    """Objects in a store-client daemon's segment on this host, a batch big enough to be shared
+    out among copy threads: read intact; a byte changed there after the put fails that object
+    alone with ChecksumMismatch."""
+    mooncake.json("up", env=FAST)
+    with client_for(mooncake.workdir) as client:
+        sizes = {"big": (2 << 20) + 99, "small": 4096, "odd": 70_001}
+        values = {key: np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()}
+        memory = np.concatenate(list(values.values()))
+        base = client.register_buffer(memory)
+        addresses = [base + offset for offset in np.cumsum([0, *sizes.values()])[:-1].tolist()]
+        assert client.batch_put_from(list(sizes), addresses, list(sizes.values())) == [None] * len(sizes)
+
+        memory[:] = 0
+        assert client.batch_get_into(list(sizes), addresses, list(sizes.values())) == list(sizes.values())
+        assert np.array_equal(memory, np.concatenate(list(values.values())))
+
+        replica = client.get_replicas("odd").replicas[0]
+        region = client.engine.segment_descriptor(replica.segment_name).find_buffer(replica.address, sizes["odd"])
+        with open(f"/dev/shm/{region.shm_name}", "r+b") as segment, \
+                mmap.mmap(segment.fileno(), region.length) as mapped:
+            mapped[replica.address - region.address + 1234] ^= 0xFF
+        results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
+        assert results[0] == sizes["big"] and isinstance(results[2], ChecksumMismatch) and results[1] == 4096
         client.unregister_buffer(base)
