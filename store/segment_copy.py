@@ -10,6 +10,7 @@ among a few threads (numpy's copy and xxhash both release the GIL on pieces this
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import xxhash
@@ -45,6 +46,7 @@ class SegmentCopier:
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # a client may be used from several threads at once
 
     def copy(self, copies: list[Copy], checksum: bool) -> list[int | None]:
         """Per copy its digest (None without ``checksum``), in order."""
@@ -52,9 +54,11 @@ class SegmentCopier:
         groups = _split(copies, total, self.threads) if total > PARALLEL_BYTES else [copies]
         if len(groups) == 1:
             return _copy_all(copies, checksum)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="store-copy")
-        helped = [self._pool.submit(_copy_all, group, checksum) for group in groups[1:]]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="store-copy")
+            pool = self._pool
+        helped = [pool.submit(_copy_all, group, checksum) for group in groups[1:]]
         try:
             digests = _copy_all(groups[0], checksum)
         finally:
@@ -64,9 +68,10 @@ class SegmentCopier:
         return digests
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _copy_all(copies: list[Copy], checksum: bool) -> list[int | None]:
