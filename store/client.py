@@ -1,4 +1,4 @@
-"""The store's library client: put and get objects, moving the bytes itself through the engine.
+"""The store's library client: put and get objects, moving the bytes itself.
 
     client = StoreClient("tcp://127.0.0.1:5555", config)
     client.put("k", b"bytes")                 # PutStart -> WRITE to every replica -> PutEnd
@@ -8,10 +8,11 @@
 The master only hands out where replicas live; every byte moves between this process's
 registered memory and the replicas' segments: copied by this process itself when it can map the
 segment (its own, or another process's on this host, through shared memory), checksummed on the
-way (:mod:`store.segment_copy`); through the transfer engine otherwise (TCP, RDMA, GPU memory). A put is acknowledged only after every replica was written
-and the master marked it complete; any failure in between revokes it. A get verifies the
-object's checksum (xxh3-64, taken at put) and refuses bytes whose read lease ran out before the
-copy finished (LeaseExpired): after the lease the range may already hold another object.
+way (:mod:`store.segment_copy`); through the transfer engine otherwise (TCP, RDMA, GPU memory).
+A put is acknowledged only after every replica was written and the master marked it complete;
+any failure in between revokes it. A get verifies the object's checksum (xxh3-64, taken at put)
+and refuses bytes whose read lease ran out before the copy finished (LeaseExpired): after the
+lease the range may already hold another object.
 
 With ``segment_size > 0`` the client also contributes a segment (see :mod:`store.segment_owner`)
 and pings the master from a thread, unless ``heartbeat=False`` (the store-client daemon pings
@@ -71,7 +72,7 @@ class StoreClient:
             self.master.close()  # the master may be unreachable: this constructor still owns its client
             raise
         self.owner: SegmentOwner | None = None
-        self.copier = SegmentCopier(self.config.shm_copy_threads)  # for replicas in self.owner's segment
+        self.copier = SegmentCopier(self.config.shm_copy_threads)  # for segments this process maps
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self.stats = ClientStats()
@@ -185,7 +186,7 @@ class StoreClient:
         for (i, _), error, digest in zip(writes, failed, digests):
             if error is not None and results[i] is None:
                 results[i] = error
-            if digest is not None:  # what a copy into our own segment hashed on the way
+            if digest is not None:  # what the copy into a segment this process maps hashed on the way
                 checksums[i] = digest
         done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
         if checksummed:

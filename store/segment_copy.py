@@ -1,6 +1,7 @@
-"""Copies between a store client's registered memory and its own segment, checksummed on the way.
+"""Copies between a store client's registered memory and segments it maps, checksummed on the way.
 
-A replica in the client's own segment is memory of this very process: the bytes need no
+A replica in the client's own segment is memory of this very process, and one in another
+process's segment on this host is a shared-memory region this process maps: the bytes need no
 transport, only a copy (what the C++ store does with ``memcpy`` for a local segment). Each
 object is copied in ``CHUNK`` pieces and each piece is hashed right after it landed, while it is
 still in cache, so copy and checksum read the object from memory once; the streamed digest is
