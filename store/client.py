@@ -33,22 +33,17 @@ from store.disk_reader import DiskReader
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError, ObjectNotFound
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
-from store.segment_copy import Copy, SegmentCopier
+from store.replica_mover import Move, ReplicaMover
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import client_credential
 from store.tenants import scoped_key
-from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
-from transfer.errors import TransferFailed, TransferTimeout
+from transfer.batch import OpCode
 from transfer.from_settings import open_engine
 from transfer.memory import copy_into
 from transfer.settings import Config, resolve
 
 
-# A move this small runs on the calling thread when TCP reaches the replica: handing it to the
-# engine's connection threads and waiting for them costs several times the move itself. (Memory
-# this process can map, it always copies itself: see StoreClient._transfer.)
-INLINE_BYTES = 1 << 20
 _MEMORY = ReplicaTier.MEMORY.value  # a descriptor's tier, compared per replica read
 
 
@@ -72,7 +67,6 @@ class StoreClient:
             self.master.close()  # the master may be unreachable: this constructor still owns its client
             raise
         self.owner: SegmentOwner | None = None
-        self.copier = SegmentCopier(self.config.shm_copy_threads)  # for segments this process maps
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self.stats = ClientStats()
@@ -90,6 +84,7 @@ class StoreClient:
             self.engine.close()
             self.master.close()
             raise
+        self.mover = ReplicaMover(self.engine, self.owner, self.config.shm_copy_threads)
 
     def close(self) -> None:
         """Stop pinging, unmount our segment (its objects go), release the engine."""
@@ -102,7 +97,7 @@ class StoreClient:
             except MooncakeError:
                 pass  # the master is gone or already dropped us; the TTL cleans up
         self.disk.close()
-        self.copier.close()
+        self.mover.close()
         self.engine.close()
         self.master.close()
 
@@ -180,7 +175,7 @@ class StoreClient:
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
-        failed, digests = self._transfer(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes],
+        failed, digests = self.mover.move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes],
                                          checksummed)
         checksums: list[int | None] = [None] * len(keys)
         for (i, _), error, digest in zip(writes, failed, digests):
@@ -260,7 +255,7 @@ class StoreClient:
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
             in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
-            failed, digests = self._transfer(
+            failed, digests = self.mover.move(
                 OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory], checksummed)
             copied = time.monotonic()  # every in-memory copy of this round finished by now
             if checksummed and len(in_memory) > 1:  # one object: _verify's own look-up is cheaper
@@ -340,101 +335,9 @@ class StoreClient:
             return list(replicas)
         return sorted(replicas, key=lambda r: (r.tier != _MEMORY, r.host != self.engine.host_id))
 
-    def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
+    def _move(self, opcode: OpCode, moves: list[Move]) -> list[MooncakeError | None]:
         """Per move (local address, replica, size) None or the error that ended it."""
-        return self._transfer(opcode, moves, False)[0]
-
-    def _transfer(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]],
-                  checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
-        """:meth:`_move`, and per move the checksum of the bytes moved (with ``checksum``) where
-        this process copied them itself, else None. It copies every move between host memory
-        here and memory it can map: its own segment, or a same-host peer's shared-memory
-        region; the engine moves the rest."""
-        errors: list[MooncakeError | None] = [None] * len(moves)
-        digests: list[int | None] = [None] * len(moves)
-        copies = self._own_copies(opcode, moves)
-        requests: list[tuple[int, TransferRequest]] = []
-        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
-        for n, (address, replica, size) in enumerate(moves):
-            if size == 0 or n in copies:
-                continue
-            try:
-                handle = handles.get(replica.segment_name)
-                if handle is None:
-                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
-            except MooncakeError as exc:
-                errors[n] = exc
-                continue
-            requests.append((n, TransferRequest(opcode, address, handle, replica.address, size, replica.grant)))
-        unshared: list[tuple[int, TransferRequest]] = []
-        if requests:
-            for (n, request), views in zip(requests, self.engine.shared_views([r for _, r in requests])):
-                if views is None:
-                    unshared.append((n, request))
-                elif isinstance(views, MooncakeError):
-                    errors[n] = views
-                else:  # (local, remote): the target is the local side of a read
-                    copies[n] = views if opcode == OpCode.READ else (views[1], views[0])
-        if copies:
-            try:
-                for n, digest in zip(copies, self.copier.copy(list(copies.values()), checksum)):
-                    digests[n] = digest
-            except (ValueError, BufferError) as exc:  # the memory went away under us: not to retry
-                for n in copies:
-                    errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
-        if unshared:
-            self._engine_move(unshared, errors)
-        return errors, digests
-
-    def _own_copies(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> dict[int, Copy]:
-        """Per move to or from our own segment (and host memory here), its copy (target, source),
-        found with no look-up in the engine: the cheapest of all."""
-        if self.owner is None:
-            return {}
-        segment_id = self.owner.segment.segment_id
-        mine = [n for n, (_, replica, size) in enumerate(moves)
-                if replica.segment_id == segment_id and size > 0 and replica.tier == _MEMORY]
-        if not mine:
-            return {}
-        try:
-            locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
-        except MooncakeError:
-            return {}  # an unregistered address: the engine reports it move by move
-        copies: dict[int, Copy] = {}
-        for n, local in zip(mine, locals_):
-            _, replica, size = moves[n]
-            remote = self.owner.view(replica.address, size)
-            if local is not None and remote is not None:  # else GPU memory or a drained segment
-                copies[n] = (local, remote) if opcode == OpCode.READ else (remote, local)
-        return copies
-
-    def _engine_move(self, requests: list[tuple[int, TransferRequest]], errors: list[MooncakeError | None]) -> None:
-        """Move ``requests`` (each with its move's index) through the engine, recording each
-        failure in ``errors``: on the calling thread when small, else as one engine batch."""
-        if sum(r.length for _, r in requests) <= INLINE_BYTES:
-            outcomes = self.engine.transfer_now_many([r for _, r in requests])
-            for (n, _), outcome in zip(requests, outcomes):
-                if isinstance(outcome, MooncakeError):
-                    errors[n] = outcome
-            requests = [moved for moved, outcome in zip(requests, outcomes) if outcome is False]
-        if not requests:
-            return
-        batch = self.engine.allocate_batch_id(len(requests))
-        try:
-            self.engine.submit_transfer(batch, [r for _, r in requests])
-            self.engine.wait_batch(batch)
-            for k, (n, _) in enumerate(requests):
-                status = self.engine.get_transfer_status(batch, k)
-                if status.status != Status.COMPLETED:
-                    errors[n] = _transfer_error(status)
-        except MooncakeError as exc:
-            for n, _ in requests:
-                errors[n] = errors[n] or exc
-        finally:
-            try:
-                self.engine.free_batch_id(batch)
-            except MooncakeError:
-                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
+        return self.mover.move(opcode, moves, False)[0]
 
     def move_ranges(self, opcode: OpCode,
                     ranges: list[tuple[int, ReplicaDescriptor, int, int]]) -> list[MooncakeError | None]:
@@ -568,7 +471,3 @@ def _on_segment(item: ReplicaList | MooncakeError, segment_id: str | None) -> Re
         return ObjectNotFound(f"{item.key!r} has no replica on segment {segment_id!r}")
     return item._replace(replicas=replicas)
 
-
-def _transfer_error(status: TransferStatus) -> MooncakeError:
-    cls = TransferTimeout if status.status == Status.TIMEOUT else TransferFailed
-    return cls(status.error or status.status.name)
