@@ -19,7 +19,11 @@ import xxhash
 from transfer.memory import copy_into
 
 CHUNK = 256 * 1024  # fits in L2 with room to spare: the hash reads what the copy just wrote
-PARALLEL_BYTES = 1 << 20  # below this, handing work to a thread costs more than it saves
+# Below this a batch stays on the calling thread. One thread copying and hashing already takes
+# most of a small VM's memory bandwidth (14-16 GB/s on the 2-core development VM): a second one
+# made 8 MiB batches 25% slower and 32 MiB ones 0-10% faster, and only from 16 MiB up did it
+# gain (0-20%, /tmp/local2/copier_threads.py).
+PARALLEL_BYTES = 16 << 20
 
 Copy = tuple[memoryview, memoryview]  # (target, source): two byte views of one length
 

@@ -10,6 +10,7 @@ import mmap
 import numpy as np
 
 from daemons.cluster.store_access import connect
+from store import segment_copy
 from store.errors import ChecksumMismatch, ObjectNotFound
 from store_cluster import FAST, client_for, config_for, value_for
 
@@ -81,11 +82,12 @@ def test_a_get_verifies_every_object_against_its_checksum(mooncake):
         client.unregister_buffer(base)
 
 
-def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_tcp(mooncake):
+def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_tcp(mooncake, monkeypatch):
     """Like the C++ store's memcpy for a local segment: a client reads and writes replicas in
     its own segment by copying, so even with the TCP transport forced it opens no connection to
     itself, for a batch big enough to be shared out among copy threads too; the checksums it
     takes on the way are those a reader verifies."""
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # what fits in a test's segment
     mooncake.json("up", env=FAST)
     with connect(config_for(mooncake.workdir, transfer_protocol="tcp"), segment_size=8 << 20) as client:
         mine = client.owner.segment.segment_id
@@ -109,10 +111,11 @@ def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_
         client.unregister_buffer(base)
 
 
-def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake):
+def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake, monkeypatch):
     """Objects in a store-client daemon's segment on this host, a batch big enough to be shared
     out among copy threads: read intact; a byte changed there after the put fails that object
     alone with ChecksumMismatch."""
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # what fits in a test's segment
     mooncake.json("up", env=FAST)
     with client_for(mooncake.workdir) as client:
         sizes = {"big": (2 << 20) + 99, "small": 4096, "odd": 70_001}

@@ -8,7 +8,8 @@ import os
 import pytest
 import xxhash
 
-from store.segment_copy import CHUNK, PARALLEL_BYTES, SegmentCopier, copy_checksummed
+from store import segment_copy
+from store.segment_copy import CHUNK, SegmentCopier, copy_checksummed
 
 
 @pytest.mark.parametrize("size", [1, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 4321])
@@ -22,8 +23,9 @@ def test_the_streamed_checksum_is_the_one_shot_xxh3_of_the_bytes(size):
     assert target == source
 
 
-def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order():
-    sizes = [CHUNK + 7, 5, PARALLEL_BYTES, 70_001, 2 * CHUNK, 4096]  # more than PARALLEL_BYTES in all
+def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypatch):
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # small objects, quick test
+    sizes = [CHUNK + 7, 5, 1 << 20, 70_001, 2 * CHUNK, 4096]  # more than PARALLEL_BYTES in all
     sources = [os.urandom(n) for n in sizes]
     targets = [memoryview(bytearray(n)) for n in sizes]
     copier = SegmentCopier(threads=3)
