@@ -137,3 +137,22 @@ def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake, m
         results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
         assert results[0] == sizes["big"] and isinstance(results[2], ChecksumMismatch) and results[1] == 4096
         client.unregister_buffer(base)
+
+
+def test_a_put_copied_into_two_mapped_segments_is_read_intact_from_either(mooncake):
+    """One replica in the writer's own segment, one in another process's: the checksum the put
+    took while copying is the one both replicas are verified against."""
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        pool = next(s["segment_id"] for s in client.master.inspect("segments") if s["segment_id"] != mine)
+        value = value_for("two", 300_001)
+        client.put("two", value, replicas=2)
+        assert sorted(r.segment_id for r in client.get_replicas("two").replicas) == sorted([mine, pool])
+        memory = np.zeros(len(value), dtype=np.uint8)
+        base = client.register_buffer(memory)
+        for segment in (mine, pool):
+            memory[:] = 0
+            assert client.batch_get_into(["two"], [base], [len(value)], segments=[segment]) == [len(value)]
+            assert bytes(memory) == value
+        client.unregister_buffer(base)
