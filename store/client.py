@@ -1,4 +1,4 @@
-"""The store's library client: put and get objects, moving the bytes itself through the engine.
+"""The store's library client: put and get objects, moving the bytes itself.
 
     client = StoreClient("tcp://127.0.0.1:5555", config)
     client.put("k", b"bytes")                 # PutStart -> WRITE to every replica -> PutEnd
@@ -6,11 +6,13 @@
     address = client.register_buffer(array)   # then put_from / get_into copy no extra time
 
 The master only hands out where replicas live; every byte moves between this process's
-registered memory and the replicas' segments through the transfer engine (shared memory for a
-segment on this host, TCP otherwise). A put is acknowledged only after every replica was written
-and the master marked it complete; any failure in between revokes it. A get verifies the
-object's checksum (xxh3-64, taken at put) and refuses bytes whose read lease ran out before the
-copy finished (LeaseExpired): after the lease the range may already hold another object.
+registered memory and the replicas' segments: copied by this process itself when it can map the
+segment (its own, or another process's on this host, through shared memory), checksummed on the
+way (:mod:`store.segment_copy`); through the transfer engine otherwise (TCP, RDMA, GPU memory).
+A put is acknowledged only after every replica was written and the master marked it complete;
+any failure in between revokes it. A get verifies the object's checksum (xxh3-64, taken at put)
+and refuses bytes whose read lease ran out before the copy finished (LeaseExpired): after the
+lease the range may already hold another object.
 
 With ``segment_size > 0`` the client also contributes a segment (see :mod:`store.segment_owner`)
 and pings the master from a thread, unless ``heartbeat=False`` (the store-client daemon pings
@@ -31,21 +33,17 @@ from store.disk_reader import DiskReader
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError, ObjectNotFound
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
+from store.replica_mover import Move, ReplicaMover
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import client_credential
 from store.tenants import scoped_key
-from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
-from transfer.errors import TransferFailed, TransferTimeout
+from transfer.batch import OpCode
 from transfer.from_settings import open_engine
 from transfer.memory import copy_into
 from transfer.settings import Config, resolve
 
 
-# A move this small runs on the calling thread when shared memory or TCP reaches the replica:
-# handing it to the engine's copy or connection threads and waiting for them costs several
-# times the move itself.
-INLINE_BYTES = 1 << 20
 _MEMORY = ReplicaTier.MEMORY.value  # a descriptor's tier, compared per replica read
 
 
@@ -86,6 +84,7 @@ class StoreClient:
             self.engine.close()
             self.master.close()
             raise
+        self.mover = ReplicaMover(self.engine, self.owner, self.config.shm_copy_threads)
 
     def close(self) -> None:
         """Stop pinging, unmount our segment (its objects go), release the engine."""
@@ -98,6 +97,7 @@ class StoreClient:
             except MooncakeError:
                 pass  # the master is gone or already dropped us; the TTL cleans up
         self.disk.close()
+        self.mover.close()
         self.engine.close()
         self.master.close()
 
@@ -169,19 +169,26 @@ class StoreClient:
         if not len(keys) == len(addresses) == len(sizes):
             raise InvalidParams("keys, addresses and sizes must have the same length")
         # AddressNotRegistered before the master allocates anything.
-        views = [self.engine.buffer_at(a, max(n, 1)) for a, n in zip(addresses, sizes)]
+        views = self.engine.host_views(addresses, [max(n, 1) for n in sizes])
         checksummed = self.config.checksum
-        checksums = [checksum_of(v) if checksummed and n > 0 else None  # a view of n > 0 is n long
-                     for v, n in zip(views, sizes)]
         config = self.replicate_config(**replication)
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
-        failed = self._move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes])
-        for (i, _), error in zip(writes, failed):
+        failed, digests = self.mover.move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes],
+                                         checksummed)
+        checksums: list[int | None] = [None] * len(keys)
+        for (i, _), error, digest in zip(writes, failed, digests):
             if error is not None and results[i] is None:
                 results[i] = error
+            if digest is not None:  # what the copy into a segment this process maps hashed on the way
+                checksums[i] = digest
         done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
+        if checksummed:
+            for i in done:
+                if checksums[i] is None and sizes[i] > 0:  # a view of n > 0 is n long
+                    checksums[i] = checksum_of(views[i] if views[i] is not None
+                                               else self.engine.buffer_at(addresses[i], sizes[i]))
         undo = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is not None]
         if undo:
             self.master.batch_put_revoke([keys[i] for i in undo])
@@ -244,27 +251,54 @@ class StoreClient:
             else:
                 results.append(item.size)
                 pending[i] = self._ordered(item.replicas)
+        checksummed = self.config.checksum
         while pending:
             attempt = [(i, replicas.pop(0)) for i, replicas in pending.items()]
             in_memory = [(i, r) for i, r in attempt if r.tier == _MEMORY]
-            errors = dict(zip((i for i, _ in in_memory), self._move(
-                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory])))
+            failed, digests = self.mover.move(
+                OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory], checksummed)
             copied = time.monotonic()  # every in-memory copy of this round finished by now
-            for i, replica in attempt:
-                if i in errors:
-                    error, finished = errors[i], copied
-                else:
-                    error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
-                    finished = time.monotonic()
+            if checksummed and len(in_memory) > 1:  # one object: _verify's own look-up is cheaper
+                self._digest_read(lists, targets, in_memory, failed, digests)
+            for (i, _), error, digest in zip(in_memory, failed, digests):
                 if error is None:
-                    error = self._verify(lists[i], targets[i][0], asked, finished)
-                if error is None and i not in errors and lists[i].promote:
-                    self._promote(lists[i], targets[i][0])
-                if error is None or not pending[i]:
-                    results[i] = error if error is not None else lists[i].size
-                    del pending[i]
+                    error = self._verify(lists[i], targets[i][0], asked, copied, digest, checksummed)
+                self._settle(i, error, lists, pending, results)
+            for i, replica in attempt:
+                if replica.tier != _MEMORY:
+                    error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
+                    if error is None:
+                        error = self._verify(lists[i], targets[i][0], asked, time.monotonic(), None, checksummed)
+                    if error is None and lists[i].promote:
+                        self._promote(lists[i], targets[i][0])
+                    self._settle(i, error, lists, pending, results)
         self.stats.record_gets(results)
         return results
+
+    @staticmethod
+    def _settle(i: int, error: MooncakeError | None, lists: list, pending: dict[int, list],
+                results: list) -> None:
+        """Object ``i`` was read (``error`` None) or failed on a replica: done unless another
+        replica is left to try."""
+        if error is None or not pending[i]:
+            results[i] = lists[i].size if error is None else error
+            del pending[i]
+
+    def _digest_read(self, lists: list, targets: dict[int, tuple[int, int]],
+                     moved: list[tuple[int, ReplicaDescriptor]], failed: list[MooncakeError | None],
+                     digests: list[int | None]) -> None:
+        """Fill in ``digests`` (per move) for the objects ``moved`` into place without one,
+        checksummed where they landed, their memory looked up once per buffer; objects in GPU
+        memory are left to :meth:`_verify`."""
+        read = [n for n, ((i, _), error, digest) in enumerate(zip(moved, failed, digests))
+                if error is None and digest is None and lists[i].checksum is not None]
+        if not read:
+            return
+        indexes = [moved[n][0] for n in read]
+        views = self.engine.host_views([targets[i][0] for i in indexes], [lists[i].size for i in indexes])
+        for n, view in zip(read, views):
+            if view is not None:
+                digests[n] = checksum_of(view)
 
     def _promote(self, replicas: ReplicaList, address: int) -> None:
         """Copy an object just read from disk back into memory (best effort: it stays on disk)."""
@@ -281,13 +315,18 @@ class StoreClient:
         except MooncakeError:
             pass  # removed, or its segment went meanwhile: nothing to finish
 
-    def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float) -> MooncakeError | None:
-        """``asked``: when the lease was asked for; ``finished``: when the copy had finished."""
+    def _verify(self, replicas: ReplicaList, address: int, asked: float, finished: float,
+                digest: int | None, checksummed: bool) -> MooncakeError | None:
+        """``asked``: when the lease was asked for; ``finished``: when the copy had finished;
+        ``digest``: the checksum of the bytes read if it was taken already; ``checksummed``:
+        whether this client checks them (the checksum setting, looked up once per batch)."""
         if finished > asked + replicas.lease_ttl:
             return LeaseExpired(f"the lease on {replicas.key!r} ran out before the copy finished")
-        if (self.config.checksum and replicas.checksum is not None
-                and checksum_of(self.engine.buffer_at(address, replicas.size)) != replicas.checksum):
-            return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
+        if checksummed and replicas.checksum is not None:
+            if digest is None:
+                digest = checksum_of(self.engine.buffer_at(address, replicas.size))
+            if digest != replicas.checksum:
+                return ChecksumMismatch(f"{replicas.key!r}: the bytes read differ from those put")
         return None
 
     def _ordered(self, replicas: list[ReplicaDescriptor]) -> list[ReplicaDescriptor]:
@@ -296,49 +335,9 @@ class StoreClient:
             return list(replicas)
         return sorted(replicas, key=lambda r: (r.tier != _MEMORY, r.host != self.engine.host_id))
 
-    def _move(self, opcode: OpCode, moves: list[tuple[int, ReplicaDescriptor, int]]) -> list[MooncakeError | None]:
-        """One engine batch; per move None or the error that ended it."""
-        results: list[MooncakeError | None] = [None] * len(moves)
-        requests, index = [], []
-        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
-        for n, (address, replica, size) in enumerate(moves):
-            if size == 0:
-                continue
-            try:
-                handle = handles.get(replica.segment_name)
-                if handle is None:
-                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
-            except MooncakeError as exc:
-                results[n] = exc
-                continue
-            requests.append(TransferRequest(opcode, address, handle, replica.address, size, replica.grant))
-            index.append(n)
-        if sum(r.length for r in requests) <= INLINE_BYTES:
-            outcomes = self.engine.transfer_now_many(requests)
-            for n, outcome in zip(index, outcomes):
-                if isinstance(outcome, MooncakeError):
-                    results[n] = outcome
-            batched = [(n, r) for n, r, outcome in zip(index, requests, outcomes) if outcome is False]
-            index, requests = [n for n, _ in batched], [r for _, r in batched]
-        if not requests:
-            return results
-        batch = self.engine.allocate_batch_id(len(requests))
-        try:
-            self.engine.submit_transfer(batch, requests)
-            self.engine.wait_batch(batch)
-            for k, n in enumerate(index):
-                status = self.engine.get_transfer_status(batch, k)
-                if status.status != Status.COMPLETED:
-                    results[n] = _transfer_error(status)
-        except MooncakeError as exc:
-            for n in index:
-                results[n] = results[n] or exc
-        finally:
-            try:
-                self.engine.free_batch_id(batch)
-            except MooncakeError:
-                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
-        return results
+    def _move(self, opcode: OpCode, moves: list[Move]) -> list[MooncakeError | None]:
+        """Per move (local address, replica, size) None or the error that ended it."""
+        return self.mover.move(opcode, moves, False)[0]
 
     def move_ranges(self, opcode: OpCode,
                     ranges: list[tuple[int, ReplicaDescriptor, int, int]]) -> list[MooncakeError | None]:
@@ -472,7 +471,3 @@ def _on_segment(item: ReplicaList | MooncakeError, segment_id: str | None) -> Re
         return ObjectNotFound(f"{item.key!r} has no replica on segment {segment_id!r}")
     return item._replace(replicas=replicas)
 
-
-def _transfer_error(status: TransferStatus) -> MooncakeError:
-    cls = TransferTimeout if status.status == Status.TIMEOUT else TransferFailed
-    return cls(status.error or status.status.name)

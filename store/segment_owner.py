@@ -49,6 +49,7 @@ class SegmentOwner:
         self.engine, self.master = engine, master
         self.offload_all = offload_policy == "all"
         self.buffer = engine.allocate_shared_buffer(size)
+        self._view = memoryview(self.buffer)  # flat bytes: see view()
         self.disk: DiskTier | None = None
         self.disk_server: RpcServer | None = None
         if offload_dir:
@@ -68,6 +69,14 @@ class SegmentOwner:
         self.num_offloaded = 0
         self.drained = False  # unmounted at the master's word after a drain; the memory is freed
         master.mount_segment(self.segment)
+
+    def view(self, address: int, length: int) -> memoryview | None:
+        """Our segment's bytes at ``address`` (an address the master handed out in it), for
+        copies in this process; None once the segment was drained and its memory freed."""
+        start = address - self.segment.base
+        if self.drained or start < 0 or start + length > self.segment.size:
+            return None
+        return self._view[start:start + length]
 
     def heartbeat(self, timeout: float) -> str:
         """Ping once; apply the master's news, re-mount, or leave after a drain. Returns the

@@ -220,14 +220,10 @@ class BatchMixin:
                 moves.append((request.opcode, local_view, request.target_offset, request.grant))
                 continue
             try:
-                view = views.get(remote.shm_name)
-                if view is None:
-                    view = views[remote.shm_name] = transport.region_view(peer, remote)
-                offset = request.target_offset - remote.address
-                transport.copy_between(request.opcode, local_view, view[offset:offset + request.length])
+                remote_view = self._mapped(views, transport, peer, remote, request)
+                transport.copy_between(request.opcode, local_view, remote_view)
             except (OSError, ValueError) as exc:
-                self.segments.invalidate(peer.name, peer.incarnation)
-                outcomes[n] = TransferFailed(f"cannot map {peer.name}'s memory: {exc}")
+                outcomes[n] = self._unmappable(peer, exc)
                 continue
             outcomes[n] = True
         for (_, location), (transport, peer, positions, moves) in by_peer.items():
@@ -237,6 +233,48 @@ class BatchMixin:
             for n, error in zip(positions, errors):
                 outcomes[n] = error or True
         return outcomes
+
+    def shared_views(self, requests: list[TransferRequest],
+                     ) -> list[tuple[memoryview, memoryview] | MooncakeError | None]:
+        """Per request whose peer shared memory reaches, from host memory here: its (local,
+        remote) byte views, for a caller that does more than move the bytes (the store client
+        checksums them as it copies); each peer region is mapped and checked alive once per
+        call. None for a request the engine must move (TCP, RDMA, GPU memory); the error for
+        one that cannot be planned or whose peer's memory cannot be mapped."""
+        shared: list[tuple[memoryview, memoryview] | MooncakeError | None] = [None] * len(requests)
+        if not any(isinstance(t, ShmTransport) for t in self.transports):
+            return shared  # TCP forced: nothing to plan twice
+        views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
+        seen = _Seen()
+        for n, request in enumerate(requests):
+            try:
+                local, peer, remote, transport = self._plan(request, seen)
+            except MooncakeError as exc:
+                shared[n] = exc
+                continue
+            if local.location.startswith("cuda") or not isinstance(transport, ShmTransport):
+                continue
+            start = request.source - local.address
+            try:
+                shared[n] = (local.view[start:start + request.length],
+                             self._mapped(views, transport, peer, remote, request))
+            except (OSError, ValueError) as exc:
+                shared[n] = self._unmappable(peer, exc)
+        return shared
+
+    @staticmethod
+    def _mapped(views: dict[str, memoryview], transport: ShmTransport, peer: SegmentDescriptor,
+                remote: BufferDesc, request: TransferRequest) -> memoryview:
+        """The request's range of the peer's region, mapping it (once per ``views``) first."""
+        view = views.get(remote.shm_name)
+        if view is None:
+            view = views[remote.shm_name] = transport.region_view(peer, remote)
+        offset = request.target_offset - remote.address
+        return view[offset:offset + request.length]
+
+    def _unmappable(self, peer: SegmentDescriptor, exc: Exception) -> TransferFailed:
+        self.segments.invalidate(peer.name, peer.incarnation)  # it may have restarted or moved
+        return TransferFailed(f"cannot map {peer.name}'s memory: {exc}")
 
     def write(self, segment: int | str, source: int, target_offset: int, length: int) -> int:
         """Blocking WRITE of local [source, +length) to the segment's address target_offset."""

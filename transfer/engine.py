@@ -277,6 +277,20 @@ class TransferEngine(BatchMixin):
             buffer.device.to_host(buffer.view, start, length)
         return buffer.view[start:start + length]
 
+    def host_views(self, addresses: list[int], lengths: list[int]) -> list[memoryview | None]:
+        """Per range, a view of the registered host memory holding it, or None for GPU memory
+        (whose bytes only :meth:`buffer_at`'s mirror shows); AddressNotRegistered outside
+        registered memory. The registry is searched once per buffer, not once per range: the
+        ranges of a batch mostly lie in one or two buffers."""
+        views: list[memoryview | None] = []
+        buffer: RegisteredBuffer | None = None
+        for address, length in zip(addresses, lengths):
+            if buffer is None or not buffer.address <= address <= buffer.end - length:
+                buffer = self.memory.find(address, length)
+            start = address - buffer.address
+            views.append(None if buffer.device is not None else buffer.view[start:start + length])
+        return views
+
     def copy_to_device(self, address: int, length: int) -> None:
         """After bytes were written into :meth:`buffer_at`'s view of GPU memory (not by a
         transfer, which stages its own): copy the range to the device. Host memory: nothing."""

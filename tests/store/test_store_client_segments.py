@@ -1,11 +1,16 @@
 """A client that owns a segment reads objects from a chosen segment and keeps copies of objects
-it already holds in memory (what a prefill worker does with its instance-local KV cache)."""
+it already holds in memory (what a prefill worker does with its instance-local KV cache); the
+bytes of segments a client can map (its own, another process's on this host) it copies itself,
+checking each object's checksum on the way."""
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
 from daemons.cluster.store_access import connect
+from store import segment_copy
 from store.errors import ChecksumMismatch, ObjectNotFound
 from store_cluster import FAST, client_for, config_for, value_for
 
@@ -74,4 +79,80 @@ def test_a_get_verifies_every_object_against_its_checksum(mooncake):
         client.owner.buffer[replica.address - client.owner.segment.base + sizes["big"] - 1] ^= 0xFF
         results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
         assert isinstance(results[0], ChecksumMismatch) and results[1:] == [sizes["small"], sizes["odd"]]
+        client.unregister_buffer(base)
+
+
+def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_tcp(mooncake, monkeypatch):
+    """Like the C++ store's memcpy for a local segment: a client reads and writes replicas in
+    its own segment by copying, so even with the TCP transport forced it opens no connection to
+    itself, for a batch big enough to be shared out among copy threads too; the checksums it
+    takes on the way are those a reader verifies."""
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # what fits in a test's segment
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir, transfer_protocol="tcp"), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        sizes = {"big": (2 << 20) + 17, "small": 4096, "odd": 300_001}
+        values = {key: np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()}
+        memory = np.concatenate(list(values.values()))
+        base = client.register_buffer(memory)
+        offsets = np.cumsum([0, *sizes.values()])[:-1].tolist()
+        addresses = [base + offset for offset in offsets]
+        assert client.batch_put_from(list(sizes), addresses, list(sizes.values()),
+                                     preferred_segments=(mine,), replicas=1) == [None] * len(sizes)
+        assert all(r.segment_id == mine for key in sizes for r in client.get_replicas(key).replicas)
+
+        memory[:] = 0
+        assert client.batch_get_into(list(sizes), addresses, list(sizes.values())) == list(sizes.values())
+        assert np.array_equal(memory, np.concatenate(list(values.values())))
+        with client_for(mooncake.workdir) as reader:  # another client verifies the put's checksums
+            assert bytes(reader.get("odd")) == value_for("odd", sizes["odd"])
+        tcp = next(t for t in client.engine.transports if t.name == "tcp")
+        assert tcp.num_connections() == 0
+        client.unregister_buffer(base)
+
+
+def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake, monkeypatch):
+    """Objects in a store-client daemon's segment on this host, a batch big enough to be shared
+    out among copy threads: read intact; a byte changed there after the put fails that object
+    alone with ChecksumMismatch."""
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # what fits in a test's segment
+    mooncake.json("up", env=FAST)
+    with client_for(mooncake.workdir) as client:
+        sizes = {"big": (2 << 20) + 99, "small": 4096, "odd": 70_001}
+        values = {key: np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()}
+        memory = np.concatenate(list(values.values()))
+        base = client.register_buffer(memory)
+        addresses = [base + offset for offset in np.cumsum([0, *sizes.values()])[:-1].tolist()]
+        assert client.batch_put_from(list(sizes), addresses, list(sizes.values())) == [None] * len(sizes)
+
+        memory[:] = 0
+        assert client.batch_get_into(list(sizes), addresses, list(sizes.values())) == list(sizes.values())
+        assert np.array_equal(memory, np.concatenate(list(values.values())))
+
+        replica = client.get_replicas("odd").replicas[0]
+        region = client.engine.segment_descriptor(replica.segment_name).find_buffer(replica.address, sizes["odd"])
+        with open(f"/dev/shm/{region.shm_name}", "r+b") as segment, \
+                mmap.mmap(segment.fileno(), region.length) as mapped:
+            mapped[replica.address - region.address + 1234] ^= 0xFF
+        results = client.batch_get_into(list(sizes), addresses, list(sizes.values()))
+        assert results[0] == sizes["big"] and isinstance(results[2], ChecksumMismatch) and results[1] == 4096
+        client.unregister_buffer(base)
+
+
+def test_a_put_copied_into_two_mapped_segments_is_read_intact_from_either(mooncake):
+    """One replica in the writer's own segment, one in another process's: the checksum the put
+    took while copying is the one both replicas are verified against."""
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        pool = next(s["segment_id"] for s in client.master.inspect("segments") if s["segment_id"] != mine)
+        value = value_for("two", 300_001)
+        client.put("two", value, replicas=2)
+        assert sorted(r.segment_id for r in client.get_replicas("two").replicas) == sorted([mine, pool])
+        memory = np.zeros(len(value), dtype=np.uint8)
+        base = client.register_buffer(memory)
+        for segment in (mine, pool):
+            memory[:] = 0
+            assert client.batch_get_into(["two"], [base], [len(value)], segments=[segment]) == [len(value)]
+            assert bytes(memory) == value
         client.unregister_buffer(base)

@@ -166,6 +166,26 @@ def test_transfer_now_many_moves_each_request_between_the_right_buffers(make_eng
     assert np.array_equal(back, expected[2][2])
 
 
+def test_shared_views_hand_out_both_ends_of_shared_memory_requests_only(make_engine):
+    """A caller that copies itself gets each shared-memory request's local and remote bytes; a
+    request the engine must move (its peer reached over TCP) gets None, a bad one its error."""
+    target, initiator, remote, handle = _pair(make_engine)
+    local = np.arange(8192, dtype=np.uint64).view(np.uint8)[:8192].copy()
+    source = initiator.register_local_memory(local)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    requests = [TransferRequest(OpCode.WRITE, source + 100, handle, base + 5000, 3000),
+                TransferRequest(OpCode.WRITE, 8, handle, base, 1024)]
+    (ours, theirs), error = initiator.shared_views(requests)
+    assert isinstance(error, AddressNotRegistered)
+    theirs[:] = ours
+    assert np.array_equal(remote[5000:8000], local[100:3100])
+
+    tcp_target, tcp_initiator, _, tcp_handle = _pair(make_engine, protocol="tcp")
+    tcp_source = tcp_initiator.register_local_memory(np.ones(4096, np.uint8))
+    tcp_base = tcp_initiator.segment_descriptor(tcp_handle).buffers[0].address
+    assert tcp_initiator.shared_views([TransferRequest(OpCode.READ, tcp_source, tcp_handle, tcp_base, 4096)]) == [None]
+
+
 def test_transfer_now_many_moves_tcp_requests_on_the_callers_thread(make_engine):
     target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
     local = np.ones(4096, np.uint8)

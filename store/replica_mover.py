@@ -1,0 +1,131 @@
+"""Moving objects' bytes between a store client's registered memory and their replicas.
+
+A move is (local address, replica, size). Memory this process can map it copies itself with
+:mod:`store.segment_copy`, checksumming on the way: its own segment (looked up with no help from
+the engine, the cheapest of all) and another process's segment on this host (whose region the
+engine maps, :meth:`transfer.engine.TransferEngine.shared_views`). The engine moves the rest
+(TCP, RDMA, GPU memory): a small total on the calling thread, a larger one as one engine batch.
+"""
+
+from __future__ import annotations
+
+from store.objects import ReplicaDescriptor, ReplicaTier
+from store.segment_copy import Copy, SegmentCopier
+from store.segment_owner import SegmentOwner
+from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
+from transfer.engine import TransferEngine
+from transfer.errors import MooncakeError, TransferFailed, TransferTimeout
+
+# A move this small runs on the calling thread when TCP reaches the replica: handing it to the
+# engine's connection threads and waiting for them costs several times the move itself.
+INLINE_BYTES = 1 << 20
+_MEMORY = ReplicaTier.MEMORY.value
+
+Move = tuple[int, ReplicaDescriptor, int]  # (local address, replica, size)
+
+
+class ReplicaMover:
+    def __init__(self, engine: TransferEngine, owner: SegmentOwner | None, copy_threads: int) -> None:
+        """``owner``: the client's own segment, if it contributes one."""
+        self.engine, self.owner = engine, owner
+        self.copier = SegmentCopier(copy_threads)
+
+    def close(self) -> None:
+        self.copier.close()
+
+    def move(self, opcode: OpCode, moves: list[Move],
+             checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
+        """Per move None or the error that ended it, and the checksum of the bytes moved (with
+        ``checksum``) where this process copied them itself, else None."""
+        errors: list[MooncakeError | None] = [None] * len(moves)
+        digests: list[int | None] = [None] * len(moves)
+        copies = self._own_copies(opcode, moves)
+        requests: list[tuple[int, TransferRequest]] = []
+        handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
+        for n, (address, replica, size) in enumerate(moves):
+            if size == 0 or n in copies:
+                continue
+            try:
+                handle = handles.get(replica.segment_name)
+                if handle is None:
+                    handle = handles[replica.segment_name] = self.engine.open_segment(replica.segment_name)
+            except MooncakeError as exc:
+                errors[n] = exc
+                continue
+            requests.append((n, TransferRequest(opcode, address, handle, replica.address, size, replica.grant)))
+        unshared: list[tuple[int, TransferRequest]] = []
+        if requests:
+            for (n, request), views in zip(requests, self.engine.shared_views([r for _, r in requests])):
+                if views is None:
+                    unshared.append((n, request))
+                elif isinstance(views, MooncakeError):
+                    errors[n] = views
+                else:  # (local, remote): the target is the local side of a read
+                    copies[n] = views if opcode == OpCode.READ else (views[1], views[0])
+        if copies:
+            try:
+                for n, digest in zip(copies, self.copier.copy(list(copies.values()), checksum)):
+                    digests[n] = digest
+            except (ValueError, BufferError) as exc:  # the memory went away under us: not to retry
+                for n in copies:
+                    errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
+        if unshared:
+            self._engine_move(unshared, errors)
+        return errors, digests
+
+    def _own_copies(self, opcode: OpCode, moves: list[Move]) -> dict[int, Copy]:
+        """Per move to or from our own segment (and host memory here), its copy (target, source),
+        found with no look-up in the engine: the cheapest of all."""
+        if self.owner is None:
+            return {}
+        segment_id = self.owner.segment.segment_id
+        mine = [n for n, (_, replica, size) in enumerate(moves)
+                if replica.segment_id == segment_id and size > 0 and replica.tier == _MEMORY]
+        if not mine:
+            return {}
+        try:
+            locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
+        except MooncakeError:
+            return {}  # an unregistered address: the engine reports it move by move
+        copies: dict[int, Copy] = {}
+        for n, local in zip(mine, locals_):
+            _, replica, size = moves[n]
+            remote = self.owner.view(replica.address, size)
+            if local is not None and remote is not None:  # else GPU memory or a drained segment
+                copies[n] = (local, remote) if opcode == OpCode.READ else (remote, local)
+        return copies
+
+    def _engine_move(self, requests: list[tuple[int, TransferRequest]],
+                     errors: list[MooncakeError | None]) -> None:
+        """Move ``requests`` (each with its move's index) through the engine, recording each
+        failure in ``errors``: on the calling thread when small, else as one engine batch."""
+        if sum(r.length for _, r in requests) <= INLINE_BYTES:
+            outcomes = self.engine.transfer_now_many([r for _, r in requests])
+            for (n, _), outcome in zip(requests, outcomes):
+                if isinstance(outcome, MooncakeError):
+                    errors[n] = outcome
+            requests = [moved for moved, outcome in zip(requests, outcomes) if outcome is False]
+        if not requests:
+            return
+        batch = self.engine.allocate_batch_id(len(requests))
+        try:
+            self.engine.submit_transfer(batch, [r for _, r in requests])
+            self.engine.wait_batch(batch)
+            for k, (n, _) in enumerate(requests):
+                status = self.engine.get_transfer_status(batch, k)
+                if status.status != Status.COMPLETED:
+                    errors[n] = _transfer_error(status)
+        except MooncakeError as exc:
+            for n, _ in requests:
+                errors[n] = errors[n] or exc
+        finally:
+            try:
+                self.engine.free_batch_id(batch)
+            except MooncakeError:
+                pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
+
+
+def _transfer_error(status: TransferStatus) -> MooncakeError:
+    cls = TransferTimeout if status.status == Status.TIMEOUT else TransferFailed
+    return cls(status.error or status.status.name)
+

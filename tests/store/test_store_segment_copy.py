@@ -1,0 +1,38 @@
+"""Copies into and out of a store client's own segment: the checksum streamed over the copy's
+pieces is the object's one-shot xxh3-64, and a batch shared out among threads lands whole, in order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import xxhash
+
+from store import segment_copy
+from store.segment_copy import CHUNK, SegmentCopier, copy_checksummed
+
+
+@pytest.mark.parametrize("size", [1, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 4321])
+def test_the_streamed_checksum_is_the_one_shot_xxh3_of_the_bytes(size):
+    source = os.urandom(size)
+    target = memoryview(bytearray(size))
+    assert copy_checksummed(target, memoryview(source), True) == xxhash.xxh3_64_intdigest(source)
+    assert target == source
+    target[:] = bytes(size)
+    assert copy_checksummed(target, memoryview(source), False) is None
+    assert target == source
+
+
+def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypatch):
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # small objects, quick test
+    sizes = [CHUNK + 7, 5, 1 << 20, 70_001, 2 * CHUNK, 4096]  # more than PARALLEL_BYTES in all
+    sources = [os.urandom(n) for n in sizes]
+    targets = [memoryview(bytearray(n)) for n in sizes]
+    copier = SegmentCopier(threads=3)
+    try:
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
+        assert copier._pool is not None, "a batch this big is shared out"
+    finally:
+        copier.close()
+    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
+    assert [bytes(t) for t in targets] == sources
