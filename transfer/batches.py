@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, TransferStatus
@@ -202,13 +203,11 @@ class BatchMixin:
         outcomes: list[bool | MooncakeError] = [False] * len(requests)
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
         by_peer: dict[tuple[str, str], tuple[TcpTransport, SegmentDescriptor, list[int], list]] = {}
-        seen = _Seen()
-        for n, request in enumerate(requests):
-            try:
-                local, peer, remote, transport = self._plan(request, seen)
-            except MooncakeError as exc:
-                outcomes[n] = exc
+        for n, request, plan in self._plan_each(requests):
+            if isinstance(plan, MooncakeError):
+                outcomes[n] = plan
                 continue
+            local, peer, remote, transport = plan
             if local.location.startswith("cuda") or not isinstance(transport, (ShmTransport, TcpTransport)):
                 continue  # device staging or RDMA: a batch's work
             start = request.source - local.address
@@ -245,13 +244,11 @@ class BatchMixin:
         if not any(isinstance(t, ShmTransport) for t in self.transports):
             return shared  # TCP forced: nothing to plan twice
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
-        seen = _Seen()
-        for n, request in enumerate(requests):
-            try:
-                local, peer, remote, transport = self._plan(request, seen)
-            except MooncakeError as exc:
-                shared[n] = exc
+        for n, request, plan in self._plan_each(requests):
+            if isinstance(plan, MooncakeError):
+                shared[n] = plan
                 continue
+            local, peer, remote, transport = plan
             if local.location.startswith("cuda") or not isinstance(transport, ShmTransport):
                 continue
             start = request.source - local.address
@@ -261,6 +258,18 @@ class BatchMixin:
             except (OSError, ValueError) as exc:
                 shared[n] = self._unmappable(peer, exc)
         return shared
+
+    def _plan_each(self, requests: list[TransferRequest],
+                   ) -> Iterator[tuple[int, TransferRequest, tuple | MooncakeError]]:
+        """Each request with its position and its plan (see _plan), or the error that refused it;
+        the lookups are shared across the requests."""
+        seen = _Seen()
+        for n, request in enumerate(requests):
+            try:
+                plan: tuple | MooncakeError = self._plan(request, seen)
+            except MooncakeError as exc:
+                plan = exc
+            yield n, request, plan
 
     @staticmethod
     def _mapped(views: dict[str, memoryview], transport: ShmTransport, peer: SegmentDescriptor,
