@@ -129,7 +129,7 @@ class TransferEngine(BatchMixin):
             return []
         try:
             return rdma_probe.open_devices(verbs or verbs_pyverbs.load(), self.options.rdma_gid_index,
-                                self.options.rdma_mtu)
+                                           self.options.rdma_mtu)
         except VerbsUnavailable as exc:
             if self.options.protocol == "rdma":
                 raise DeviceNotFound(str(exc)) from None
