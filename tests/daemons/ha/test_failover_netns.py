@@ -80,7 +80,7 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         cluster.spawn("store-client", "store-client-c", on(ns_c), bind_host=ip_c)
         cluster.spawn("store-client", "store-client-d", on(ns_d), bind_host=ip_d)
         driver = subprocess.Popen([*on(ns_d), sys.executable, str(Path(__file__).with_name("ns_driver.py")),
-                                   settings["master"], ip_d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   settings["master"], ip_d, str(cluster.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, cwd=Path(__file__).resolve().parents[3],
                                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
 
