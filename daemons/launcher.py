@@ -120,6 +120,17 @@ def spawn(paths: ClusterPaths, name: str, command: list[str], env: dict[str, str
                                 env=env, start_new_session=True, cwd=str(REPO))
 
 
+def daemon_environment(config: Config) -> dict[str, str]:
+    """The environment of a daemon that reads ``config`` from a settings file: ours without the
+    MOONCAKE_* variables, which the daemon would otherwise rank above the file (so `up
+    --segment-size 64MiB` under MOONCAKE_SEGMENT_SIZE=8MiB made 8 MiB segments), but with the
+    cluster secret, which no settings file holds: it is handed over the way it came."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+    if config.cluster_secret:
+        env["MOONCAKE_CLUSTER_SECRET"] = config.cluster_secret
+    return env
+
+
 def wait_healthy(paths: ClusterPaths, name: str, process: subprocess.Popen, deadline: float,
                  rpc_timeout: float, secret: ClusterSecret | None) -> dict[str, Any]:
     """The daemon's announce record once it answers ``health``. The record must carry the
@@ -155,10 +166,8 @@ def start_in_background(paths: ClusterPaths, config: Config, name: str, command:
     paths.workdir.mkdir(parents=True, exist_ok=True)
     settings = paths.daemon_settings_file(name)
     settings.write_text(yaml.safe_dump(config.as_plain(), sort_keys=True))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
-    if config.cluster_secret:  # never in the settings file: handed over the way it came
-        env["MOONCAKE_CLUSTER_SECRET"] = config.cluster_secret
-    process = spawn(paths, name, [*command, "--workdir", str(paths.workdir), "--config", str(settings)], env)
+    process = spawn(paths, name, [*command, "--workdir", str(paths.workdir), "--config", str(settings)],
+                    daemon_environment(config))
     try:
         return wait_healthy(paths, name, process, time.monotonic() + config.start_timeout, config.rpc_timeout,
                             cluster_secret(config))

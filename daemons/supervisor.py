@@ -24,8 +24,9 @@ import topology
 from daemons.cluster.directory import cluster_info
 from daemons.cluster.workdir import ClusterPaths, read_json, shm_prefix
 from daemons.errors import ClusterAlreadyRunning, ClusterNotRunning, WorkdirUnusable
-from daemons.launcher import (forget_announcement, live_daemons, new_cluster_id, process_if_alive, reap,
-                              replace_cluster_row, spawn, wait_healthy, write_cluster_record, write_pidfile)
+from daemons.launcher import (daemon_environment, forget_announcement, live_daemons, new_cluster_id,
+                              process_if_alive, reap, replace_cluster_row, spawn, wait_healthy,
+                              write_cluster_record, write_pidfile)
 from daemons.roles import DaemonSpec, cluster_plan
 from transfer.auth import ClusterSecret, cluster_secret, create_secret_file, keep_secret_file
 from transfer.errors import MooncakeError
@@ -164,7 +165,7 @@ def _start(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, co
     """Launch one daemon as ``python -m daemons ROLE``; its announce record once it answers."""
     process = spawn(paths, spec.name, [sys.executable, "-m", "daemons", spec.role, "--name", spec.name,
                                        "--workdir", str(paths.workdir), "--cluster-id", cluster_id,
-                                       "--port", str(port)])
+                                       "--port", str(port)], daemon_environment(config))
     write_pidfile(paths, spec.name, spec.role, cluster_id, process.pid)
     return wait_healthy(paths, spec.name, process, time.monotonic() + config.start_timeout, config.rpc_timeout,
                         cluster_secret(config))

@@ -76,7 +76,7 @@ class StoreClient:
             if segment_size:
                 self.owner = SegmentOwner(self.engine, self.master, segment_size,
                                           str(self.config.offload_dir or ""), self.config.bind_host,
-                                          self.config.offload_policy)
+                                          self.config.offload_policy, self.config.segment_prefault)
                 if heartbeat:
                     self._pinger = threading.Thread(target=self._ping_loop, daemon=True, name="store-ping")
                     self._pinger.start()

@@ -1,8 +1,10 @@
 """A store client's contributed segment: mount it, keep it alive, and re-mount it after a restart.
 
-The segment is a named shared-memory region of this process's transfer engine (lazily touched:
-it costs RAM only where objects are written), so same-host peers copy into it directly and
-remote ones reach it over TCP. Other clients write objects into it; the owner learns which ones
+The segment is a named shared-memory region of this process's transfer engine, so same-host
+peers copy into it directly and remote ones reach it over TCP. With ``commit`` (the
+``segment_prefault`` setting) its memory is taken and mapped when it is mounted, so a /dev/shm too
+small fails the start and no put pays page faults; without, it costs RAM only where objects are
+written. Other clients write objects into it; the owner learns which ones
 through the changes the master returns with each ping (:mod:`store.segment_journal`) and keeps
 that record, so that when a ping is answered NEED_REMOUNT (the master restarted, or dropped us
 as silent) it re-mounts and re-reports every complete object it holds, in memory and (after
@@ -45,10 +47,11 @@ log = logging.getLogger(__name__)
 
 class SegmentOwner:
     def __init__(self, engine: TransferEngine, master: MasterClient, size: int,
-                 offload_dir: str = "", host: str = "127.0.0.1", offload_policy: str = "evicted") -> None:
+                 offload_dir: str = "", host: str = "127.0.0.1", offload_policy: str = "evicted",
+                 commit: bool = False) -> None:
         self.engine, self.master = engine, master
         self.offload_all = offload_policy == "all"
-        self.buffer = engine.allocate_shared_buffer(size)
+        self.buffer = engine.allocate_shared_buffer(size, commit=commit)
         self._view = memoryview(self.buffer)  # flat bytes: see view()
         self.disk: DiskTier | None = None
         self.disk_server: RpcServer | None = None

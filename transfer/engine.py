@@ -247,12 +247,14 @@ class TransferEngine(BatchMixin):
         if update_metadata:
             self._publish()
 
-    def allocate_shared_buffer(self, length: int, location: str = "cpu:0") -> np.ndarray:
+    def allocate_shared_buffer(self, length: int, location: str = "cpu:0", *,
+                               commit: bool = False) -> np.ndarray:
         """Registered memory in a named shared-memory region, so same-host peers copy directly.
-        Freed by ``unregister_local_memory`` or ``close``."""
+        ``commit``: take and map all of its memory now (see :class:`SharedRegion`). Freed by
+        ``unregister_local_memory`` or ``close``."""
         region = SharedRegion(SharedRegion.owned_name(self.incarnation[:12], next(self._region_ids),
                                                       self.options.shm_prefix),
-                              length, create=True)
+                              length, create=True, commit=commit)
         view, address = as_byte_view(region.view)
         try:
             self._add(RegisteredBuffer(address, length, location, view, shm_name=region.name), address)

@@ -89,6 +89,13 @@ class MemoryLockLimit(MooncakeError):
     code, name = -302, "MEMORY_LOCK_LIMIT"
 
 
+class SharedMemoryExhausted(MooncakeError):
+    """/dev/shm cannot hold a region that was asked to be committed up front (a store segment).
+    Mooncake has no such code: its segments are not files in /dev/shm."""
+
+    code, name = -303, "SHARED_MEMORY_EXHAUSTED"
+
+
 class SocketError(MooncakeError):
     code, name = -102, "SOCKET_ERROR"
 

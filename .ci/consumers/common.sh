@@ -10,6 +10,10 @@ for name in $(compgen -e | grep '^MOONCAKE_' || true); do unset "$name"; done
 
 VENV="$JOB_DIR/.venv"
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/mooncake-consumer.XXXXXX")
+# The consumers' own processes (drivers, engines through compat/) resolve our settings too: with
+# no workdir of their own they would read ~/.mooncake, whose secret (left by any `mooncake up` on
+# this machine) authenticates them to a master that runs without one, and no call gets an answer.
+export MOONCAKE_WORKDIR="$SCRATCH/consumer"
 STARTED=()            # pids of the daemons this job started (each its own process group)
 SHM_BEFORE="$SCRATCH/shm-before"
 ls /dev/shm > "$SHM_BEFORE" 2>/dev/null || true

@@ -1,0 +1,60 @@
+"""Shared-memory regions committed up front (store segments) and left to fill lazily."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import require_program
+from transfer.errors import SharedMemoryExhausted
+from transfer.shm import region as region_module
+from transfer.shm.region import SharedRegion
+
+MiB = 1 << 20
+
+
+def _resident_kib(path: str) -> int:
+    """Kilobytes of this process's mapping of ``path`` that have a page table entry."""
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(path):
+            return next(int(entry.split()[1]) for entry in lines[i + 1:] if entry.startswith("Rss:"))
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_committed_region_holds_its_memory_and_is_mapped_before_any_write(commit):
+    region = SharedRegion(SharedRegion.owned_name("commit", int(commit)), 8 * MiB, create=True,
+                          commit=commit)
+    try:
+        path = os.path.join(region_module.SHM_DIR, region.name)
+        allocated = os.stat(path).st_blocks * 512
+        assert allocated == (8 * MiB if commit else 0)
+        assert _resident_kib(path) == (8 * MiB // 1024 if commit else 0)
+    finally:
+        region.close()
+
+
+@pytest.fixture
+def small_shm(tmp_path, monkeypatch):
+    """A 4 MiB tmpfs standing in for /dev/shm (we are root; see the README's test command)."""
+    mount = require_program("mount", "mount")
+    directory = tmp_path / "shm"
+    directory.mkdir()
+    subprocess.run([mount, "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(directory)], check=True)
+    monkeypatch.setattr(region_module, "SHM_DIR", str(directory))
+    yield directory
+    subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_region_larger_than_the_free_shared_memory_fails_at_creation_when_committed(small_shm):
+    with pytest.raises(SharedMemoryExhausted, match=r"too few for 8,388,608 bytes.*--segment-size"):
+        SharedRegion("mooncake-te-1-big-0", 8 * MiB, create=True, commit=True)
+    assert os.listdir(small_shm) == []  # nothing half-made left behind
+    # Uncommitted, the same region is made (sparse) and would fail only at the first write past
+    # 4 MiB, with a SIGBUS in whichever process made it: what committing turns into this error.
+    lazy = SharedRegion("mooncake-te-1-big-1", 8 * MiB, create=True)
+    lazy.close()
