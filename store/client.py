@@ -176,7 +176,7 @@ class StoreClient:
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
         failed, digests = self.mover.move(OpCode.WRITE, [(addresses[i], r, sizes[i]) for i, r in writes],
-                                         checksummed)
+                                         checksummed, [views[i] for i, _ in writes])
         checksums: list[int | None] = [None] * len(keys)
         for (i, _), error, digest in zip(writes, failed, digests):
             if error is not None and results[i] is None:

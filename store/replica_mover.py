@@ -33,13 +33,16 @@ class ReplicaMover:
     def close(self) -> None:
         self.copier.close()
 
-    def move(self, opcode: OpCode, moves: list[Move],
-             checksum: bool) -> tuple[list[MooncakeError | None], list[int | None]]:
+    def move(self, opcode: OpCode, moves: list[Move], checksum: bool,
+             local_views: list[memoryview | None] | None = None,
+             ) -> tuple[list[MooncakeError | None], list[int | None]]:
         """Per move None or the error that ended it, and the checksum of the bytes moved (with
-        ``checksum``) where this process copied them itself, else None."""
+        ``checksum``) where this process copied them itself, else None. ``local_views``: per move
+        the view of its local range that the caller already looked up (``engine.host_views``:
+        None for GPU memory), so that it is not looked up twice."""
         errors: list[MooncakeError | None] = [None] * len(moves)
         digests: list[int | None] = [None] * len(moves)
-        copies = self._own_copies(opcode, moves)
+        copies = self._own_copies(opcode, moves, local_views)
         requests: list[tuple[int, TransferRequest]] = []
         handles: dict[str, int] = {}  # a batch's replicas mostly share a few segments
         for n, (address, replica, size) in enumerate(moves):
@@ -73,9 +76,11 @@ class ReplicaMover:
             self._engine_move(unshared, errors)
         return errors, digests
 
-    def _own_copies(self, opcode: OpCode, moves: list[Move]) -> dict[int, Copy]:
+    def _own_copies(self, opcode: OpCode, moves: list[Move],
+                    local_views: list[memoryview | None] | None) -> dict[int, Copy]:
         """Per move to or from our own segment (and host memory here), its copy (target, source),
-        found with no look-up in the engine: the cheapest of all."""
+        found with no look-up in the engine (beyond the local range's, unless the caller has it):
+        the cheapest of all."""
         if self.owner is None:
             return {}
         segment_id = self.owner.segment.segment_id
@@ -83,10 +88,13 @@ class ReplicaMover:
                 if replica.segment_id == segment_id and size > 0 and replica.tier == _MEMORY]
         if not mine:
             return {}
-        try:
-            locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
-        except MooncakeError:
-            return {}  # an unregistered address: the engine reports it move by move
+        if local_views is not None:
+            locals_ = [local_views[n] for n in mine]
+        else:
+            try:
+                locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
+            except MooncakeError:
+                return {}  # an unregistered address: the engine reports it move by move
         copies: dict[int, Copy] = {}
         for n, local in zip(mine, locals_):
             _, replica, size = moves[n]
