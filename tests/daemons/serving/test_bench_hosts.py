@@ -43,6 +43,8 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     decided = sum(row["decisions"].values()) + row["other_decisions"]
     assert decided == row["completed"] and decided + row["rejected"] + row["failed"] == 8
     assert row["completed"] > 0 and row["ttft"]["mean"] > 0
+    # Untimed warm-up first, two requests per host, outside every figure of the row.
+    assert row["warmup"] == {"requests": 4, "completed": 4}
     assert set(row["ttft_parts"]) == set(TTFT_PARTS)
     # The costs the live conductor planned with: from the start-up profiles, then refitted from
     # what it served; the simulator's prediction for the same slice is priced with them.
