@@ -175,7 +175,7 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
         warmups = [row["warmup"] for row in d["policies"].values()]
         table.caption += ("\nbefore each replay, untimed and in no figure: warm-up requests (prefix reuse off) "
                           + ", ".join(f"{w['completed']}/{w['requests']}" for w in warmups) + " served")
-        table.caption += "\nTTFT parts, mean ms live (sim): queue / load / compute / handoff / other"
+        table.caption += "\nTTFT parts, mean ms live (sim): " + " / ".join(TTFT_PARTS)
         for name, row in d["policies"].items():
             sim_parts = (row.get("sim") or {}).get("ttft_parts") or {}
             table.caption += f"\n  {name}: " + " / ".join(
