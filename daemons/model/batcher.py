@@ -4,13 +4,22 @@ Sequences arrive prefilled (KV of every token but the last in their pages, the l
 first generated token) and join between steps; each step decodes one token for every running
 sequence with greedy sampling; a sequence leaves as soon as it finishes (any of the model's stop
 tokens, or max_tokens) and its pages go back.
+
+A worker that serves other calls while it decodes (reserving pages, joining, cancelling) passes
+:meth:`ContinuousBatcher.step` the lock those calls take: the step holds it for its bookkeeping
+only, not for the model's forward, so such a call never waits out a whole step (on a decode
+worker, ``decode.reserve`` and ``decode.start`` sit on every request's TTFT path). A sequence
+cancelled while the forward runs keeps its pages until the forward is done: the forward writes
+the step's KV into them.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
+from collections.abc import Collection, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Collection, Hashable
 
 from daemons.model.block_manager import BlockManager
 from daemons.model.errors import KVCacheFull
@@ -36,6 +45,8 @@ class ContinuousBatcher:
         self.running: list[Sequence] = []
         # Tokens the last step attended over: with the batch size, what a step's time depends on.
         self.last_step_context = 0
+        self._stepping: list[Sequence] = []  # the batch whose forward runs now
+        self._cancelled_in_step: list[Sequence] = []  # out of the batch, pages freed after the forward
 
     @property
     def num_active(self) -> int:
@@ -62,12 +73,19 @@ class ContinuousBatcher:
             for seq in queue:
                 if seq.seq_id == seq_id:
                     queue.remove(seq)
-                    self.block_manager.deallocate(seq)
+                    if any(seq is stepping for stepping in self._stepping):
+                        self._cancelled_in_step.append(seq)  # the forward still writes its pages
+                    else:
+                        self.block_manager.deallocate(seq)
                     return True
         return False
 
-    def step(self) -> list[TokenEvent]:
-        """Decode one token for every running sequence; finished ones leave and free their pages."""
+    def step(self, lock: threading.Condition | threading.Lock | threading.RLock | None = None) -> list[TokenEvent]:
+        """Decode one token for every running sequence; finished ones leave and free their pages.
+
+        ``lock``, held by the caller, is released while the model's forward runs (and held again
+        before the tokens are booked): the lock under which the caller adds, cancels and
+        allocates."""
         while self.waiting and len(self.running) < self.max_batch_size:
             self.running.append(self.waiting.popleft())
         events, batch = [], []
@@ -83,11 +101,35 @@ class ContinuousBatcher:
             batch.append(seq)
         self.last_step_context = sum(len(seq) for seq in batch)
         if batch:
-            logits = self.runner.decode(batch)
+            self._stepping = batch
+            try:
+                with _released(lock):
+                    logits = self.runner.decode(batch)
+            finally:
+                self._stepping = []
+                cancelled, self._cancelled_in_step = self._cancelled_in_step, []
+                for seq in cancelled:
+                    self.block_manager.deallocate(seq)
+            gone = {id(seq) for seq in cancelled}
             for seq, token in zip(batch, logits.argmax(dim=-1).tolist()):
+                if id(seq) in gone:
+                    continue
                 seq.append(token, self.stop_token_ids)
                 events.append(TokenEvent(seq.seq_id, token, seq.finish_reason))
         for seq in [s for s in self.running if s.is_finished]:
             self.block_manager.deallocate(seq)
             self.running.remove(seq)
         return events
+
+
+@contextmanager
+def _released(lock: threading.Condition | threading.Lock | threading.RLock | None) -> Iterator[None]:
+    """Within: ``lock`` (held on entry, if any) is not held."""
+    if lock is None:
+        yield
+        return
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()

@@ -14,8 +14,11 @@ the hub port's egress towards it), as a NIC of that rate would be.
 For each policy the cluster starts cold (new processes, an empty store; the workers one at a
 time, so that each one's start-up profile runs alone), the driver
 (``python -m daemons.serving.bench_hosts`` in the head namespace, JSON on stdin and stdout)
-waits for every worker, reads `/metrics` (the costs the conductor has from the profiles),
-replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix reuse, reads `/metrics`
+waits for every worker, sends :data:`WARMUP_PER_HOST` untimed requests per prefill host at once
+(:func:`warmup_requests`: prefix reuse off, so they store nothing and hit nothing; each worker's
+first request otherwise pays 200-350 ms of connections and first-call set-up that no policy causes
+and the simulator does not have), reads `/metrics` (the costs the conductor has from the profiles
+and the warm-up), replays the same scaled slice (:mod:`daemons.serving.bench`) with prefix reuse, reads `/metrics`
 again (the costs refitted from what was served), and the cluster is stopped again.
 :class:`Hosts` removes its namespaces and every process in them however the run ends
 (exception, SIGINT or SIGTERM).
@@ -35,6 +38,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -48,7 +52,7 @@ from urllib.parse import urlsplit
 from daemons.cluster.workdir import read_json
 from daemons.errors import BenchHostsFailed
 from daemons.ha.failover_scenario import Cluster, wait_until
-from daemons.serving.bench import Replayed, replay
+from daemons.serving.bench import BOS, Replayed, replay
 from daemons.serving.errors import Rejected
 from daemons.serving.figure5 import (average_costs, cost_figures, parse_metrics, policy_summary, reuse_ceiling,
                                     simulate_policy, sim_requests)
@@ -59,6 +63,9 @@ from transfer.settings import resolve
 from transfer.shm.region import remove_orphans
 
 SUBNET = "10.78.0"
+# Untimed warm-up requests per prefill host, sent together: a shortest-queue choice spreads them,
+# so that every worker (and random's, most likely) serves at least one before the replay.
+WARMUP_PER_HOST = 2
 HEAD = "head"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -263,12 +270,14 @@ def run_figure5(num_hosts: int, policies: list[str], slice_: list[TraceRequest],
                 try:
                     answer = drive(hosts, {"url": url, "workers": {"prefill": num_hosts, "decode": 1},
                                            "start_timeout": start_timeout, "request_timeout": request_timeout,
+                                           "warmup": warmup_requests(WARMUP_PER_HOST * num_hosts, block_tokens),
                                            "requests": requests},
                                    timeout=start_timeout + horizon + 2 * request_timeout)
                 finally:
                     stop_cluster(cluster)
                 metrics = parse_metrics(answer["metrics"])
                 rows[policy] = policy_summary(answer["outcomes"], metrics, answer["seconds"])
+                rows[policy]["warmup"] = answer["warmup"]
                 # Every host shares this machine's cores: what else ran is part of the result.
                 rows[policy]["load_average"] = os.getloadavg()[0]
                 rows[policy]["costs_profiled"] = cost_figures(parse_metrics(answer["metrics_before"]))
@@ -315,6 +324,13 @@ def add_predictions(rows: dict[str, dict[str, Any]], sim_slice: list[TraceReques
     return averaged
 
 
+def warmup_requests(num: int, block_tokens: int) -> list[tuple[float, list[int], int]]:
+    """``num`` requests of two blocks of their own and two output tokens, all at time 0; sent
+    with prefix reuse off, they leave nothing in the store or the index for the replay to find."""
+    rng = random.Random("warmup")
+    return [(0.0, [BOS, *(rng.randrange(256) for _ in range(2 * block_tokens))], 2) for _ in range(num)]
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through every finally: namespaces and daemons go
 
@@ -348,16 +364,18 @@ def _outcome(replayed: Replayed) -> dict[str, Any]:
 
 
 def _driver_main() -> None:
-    """In the head namespace: wait for every worker, read `/metrics`, replay with prefix reuse,
-    read `/metrics` again. Reads ``{"url", "workers", "start_timeout", "request_timeout",
-    "requests"}`` on stdin and writes ``{"outcomes", "seconds", "metrics_before", "metrics"}``
-    on stdout."""
+    """In the head namespace: wait for every worker, send the untimed warm-up (prefix reuse off),
+    read `/metrics`, replay with prefix reuse, read `/metrics` again. Reads ``{"url", "workers",
+    "start_timeout", "request_timeout", "warmup", "requests"}`` on stdin and writes ``{"warmup":
+    {"requests", "completed"}, "outcomes", "seconds", "metrics_before", "metrics"}`` on stdout."""
     spec = json.load(sys.stdin)
     url = spec["url"]
     wait_until(lambda: _workers(url) == spec["workers"], spec["start_timeout"], "every worker joining", step=0.2)
+    warm = replay(url, [tuple(r) for r in spec["warmup"]], False, spec["request_timeout"])
+    warmup = {"requests": len(warm.results), "completed": sum(r.completion is not None for r in warm.results)}
     before = _metrics(url)
     report = replay(url, [tuple(r) for r in spec["requests"]], True, spec["request_timeout"])
-    json.dump({"outcomes": [_outcome(r) for r in report.results], "seconds": report.seconds,
+    json.dump({"warmup": warmup, "outcomes": [_outcome(r) for r in report.results], "seconds": report.seconds,
                "metrics_before": before, "metrics": _metrics(url)}, sys.stdout)
 
 

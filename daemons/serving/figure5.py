@@ -27,9 +27,12 @@ from scheduler.types import LOCAL_HIT, MISS, RECOMPUTE, TRANSFER
 
 DECISIONS = (LOCAL_HIT, TRANSFER, RECOMPUTE, MISS)
 # Mean seconds of a request's TTFT in each part: waiting in its prefill worker's queue, loading
-# its prefix (a pull included), computing, handing the last layer's KV to decode, and the rest
-# (HTTP, scheduling, the report, decode's first step). The simulator has the first three only.
-TTFT_PARTS = ("queue", "load", "compute", "handoff", "other")
+# its prefix (a pull included), computing, handing the last layer's KV to decode (as the prefill
+# worker timed them); the conductor's own share of its TTFT besides (``dispatch``: scheduling,
+# decode.reserve, prefill.run until the job is queued, the report's way back); and the client's
+# beyond the conductor's (``frontend``: HTTP both ways, decode.start before the first token goes
+# out). The simulator has the first three only.
+TTFT_PARTS = ("queue", "load", "compute", "handoff", "dispatch", "frontend")
 ERROR_CHARS = 160
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
 
@@ -93,12 +96,12 @@ def policy_summary(outcomes: list[dict], metrics: dict[str, float], seconds: flo
 def ttft_parts(done: list[dict]) -> dict[str, float | None]:
     """Mean seconds per part of the TTFT (:data:`TTFT_PARTS`) over the completed requests that
     carry the prefill worker's timings; every part None without one."""
-    timed = [(o["ttft"], o["mooncake"]["timings"]) for o in done
-             if o["ttft"] is not None and o["mooncake"].get("timings")]
+    timed = [(o["ttft"], o["mooncake"]["ttft_s"], o["mooncake"]["timings"]) for o in done
+             if o["ttft"] is not None and o["mooncake"].get("timings") and o["mooncake"].get("ttft_s") is not None]
     if not timed:
         return dict.fromkeys(TTFT_PARTS)
-    parts = [(t["queue"], t["load"], t["compute"], t["transfer"]) for _, t in timed]
-    rows = [(*p, ttft - sum(p)) for (ttft, _), p in zip(timed, parts)]
+    parts = [(t["queue"], t["load"], t["compute"], t["transfer"]) for _, _, t in timed]
+    rows = [(*p, conductor - sum(p), client - conductor) for (client, conductor, _), p in zip(timed, parts)]
     return {name: float(np.mean(column)) for name, column in zip(TTFT_PARTS, zip(*rows))}
 
 
@@ -172,7 +175,7 @@ def simulate_policy(requests: list[TraceRequest], cfg: SchedulerConfig, num_pref
     return {"ttft": distribution(result.ttft), "tbt": distribution(result.tbt), "hit_rate": result.hit_rate,
             "decisions": decisions, "rejected": result.rejected,
             "transferred_tokens": result.transferred_tokens, "queue_seconds": distribution(result.queue_seconds),
-            # Comparable with the live row's: the simulator has no hand-off nor anything else.
+            # Comparable with the live row's: the simulator has no hand-off, dispatch nor front end.
             "ttft_parts": {"queue": queue, "load": load,
                            "compute": float(np.mean(result.ttft)) - queue - load if done else None,
-                           "handoff": 0.0 if done else None, "other": 0.0 if done else None}}
+                           **dict.fromkeys(("handoff", "dispatch", "frontend"), 0.0 if done else None)}}

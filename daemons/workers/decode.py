@@ -166,7 +166,9 @@ class DecodeWorkerDaemon(WorkerDaemon):
                     self.cond.wait(0.1)
                     continue
                 began = time.monotonic()
-                events = self.batcher.step()
+                # Not holding the lock during the forward: reserve, start and release (two of
+                # them on every request's TTFT path) answer while a step runs.
+                events = self.batcher.step(lock=self.cond)
                 step_s, batch = time.monotonic() - began, len(events)
                 context = self.batcher.last_step_context
                 self.num_steps += 1

@@ -52,7 +52,9 @@ def serve(
     With --hosts N it builds its own cluster instead (the live Figure 5): a head namespace (master,
     conductor, decode) and N hosts (store client + prefill worker each) on a bridge, replays the
     slice with prefix reuse once per policy on a cold cluster (its workers started one at a time,
-    so that each profiles its costs alone), and reports per policy TTFT/TBT (seconds), where the
+    so that each profiles its costs alone; before the replay, two untimed warm-up requests per
+    host with prefix reuse off, counted in `warmup` and in no figure: a worker's first request
+    pays start-up no policy causes), and reports per policy TTFT/TBT (seconds), where the
     mean TTFT went (`ttft_parts`), hit rate, the conductor's decisions, replicas and rejections,
     and the costs its conductor planned with from the workers' profiles (`costs_profiled`) and
     at the end, refitted from what it served (`costs_refitted`). Beside them, the simulator's
@@ -170,7 +172,10 @@ def _serve_on_hosts(trace: Path, requests: int, min_turns: int, max_blocks: int,
                           f"{row['load_average']:.1f}", _ms_of(sim.get("mean")), _ms_of(sim.get("p99")),
                           _ms_of(dedicated.get("mean")))
         table.caption += f"\nreuse ceiling of the slice (every block ever seen cached): {d['reuse_ceiling']:.0%}"
-        table.caption += "\nTTFT parts, mean ms live (sim): queue / load / compute / handoff / other"
+        warmups = [row["warmup"] for row in d["policies"].values()]
+        table.caption += ("\nbefore each replay, untimed and in no figure: warm-up requests (prefix reuse off) "
+                          + ", ".join(f"{w['completed']}/{w['requests']}" for w in warmups) + " served")
+        table.caption += "\nTTFT parts, mean ms live (sim): " + " / ".join(TTFT_PARTS)
         for name, row in d["policies"].items():
             sim_parts = (row.get("sim") or {}).get("ttft_parts") or {}
             table.caption += f"\n  {name}: " + " / ".join(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -127,3 +128,52 @@ def test_whatever_stale_pages_hold_does_not_reach_other_sequences(model):
     seqs, _ = _decode_together(model, cases, kv_fill=float("nan"))
     for seq, (tokens, max_tokens) in zip(seqs, cases):
         assert seq.generated == generate_reference(model, tokens, max_tokens)
+
+
+class _HeldForward:
+    """A runner whose decode forward waits until the test lets it go, saying when it started."""
+
+    def __init__(self, runner):
+        self.runner, self.started, self.go = runner, threading.Event(), threading.Event()
+
+    def decode(self, batch):
+        self.started.set()
+        assert self.go.wait(10)
+        return self.runner.decode(batch)
+
+
+def test_a_step_releases_the_workers_lock_during_the_forward_and_frees_a_cancelled_sequence_after_it(model):
+    # On a decode worker, decode.reserve and decode.start take the lock the step loop holds:
+    # held through the forward, every request's TTFT waited out a decode step, twice.
+    runner, pages, batcher = _decode_worker(model, num_blocks=8)
+    held = batcher.runner = _HeldForward(runner)
+    a = _prefilled(runner, pages, "a", prompt(10, seed=1), max_tokens=5)
+    b = _prefilled(runner, pages, "b", prompt(12, seed=2), max_tokens=5)
+    batcher.add(a)
+    batcher.add(b)
+    lock = threading.Condition()
+    events = []
+
+    def loop_step():
+        with lock:
+            events.extend(batcher.step(lock=lock))
+
+    stepping = threading.Thread(target=loop_step)
+    stepping.start()
+    try:
+        assert held.started.wait(10)
+        # While the forward runs: the lock is free, and a cancel takes "a" out of the batch...
+        assert lock.acquire(timeout=10), "the step held its caller's lock through the forward"
+        try:
+            free_before = pages.num_free_blocks
+            assert batcher.cancel("a")
+            # ... but its pages, which the forward still writes, stay taken until it is done.
+            assert pages.num_free_blocks == free_before and a.block_table
+        finally:
+            lock.release()
+    finally:
+        held.go.set()
+        stepping.join(10)
+    assert [e.seq_id for e in events] == ["b"]  # no token for the cancelled sequence
+    assert a.block_table == [] and len(a.generated) == 1  # its first token (the prefill's) only
+    assert batcher.num_running == 1 and pages.num_free_blocks == pages.num_blocks - len(b.block_table)

@@ -43,6 +43,8 @@ def test_two_hosts_replay_a_tiny_slice_and_leave_nothing_behind(mooncake):
     decided = sum(row["decisions"].values()) + row["other_decisions"]
     assert decided == row["completed"] and decided + row["rejected"] + row["failed"] == 8
     assert row["completed"] > 0 and row["ttft"]["mean"] > 0
+    # Untimed warm-up first, two requests per host, outside every figure of the row.
+    assert row["warmup"] == {"requests": 4, "completed": 4}
     assert set(row["ttft_parts"]) == set(TTFT_PARTS)
     # The costs the live conductor planned with: from the start-up profiles, then refitted from
     # what it served; the simulator's prediction for the same slice is priced with them.
@@ -108,14 +110,16 @@ def test_the_simulator_prices_instances_that_share_the_machines_cores():
 
 
 def test_ttft_parts_split_the_mean_ttft_as_the_prefill_worker_timed_it():
-    timed = lambda ttft, queue, load, compute, handoff: {  # noqa: E731
+    timed = lambda ttft, conductor, queue, load, compute, handoff: {  # noqa: E731
         "ok": True, "ttft": ttft, "gaps": [], "prompt_tokens": 64,
-        "mooncake": {"reason": "miss", "timings": {"queue": queue, "load": load, "compute": compute,
-                                                   "store": 0.5, "transfer": handoff}}}
-    row = policy_summary([timed(0.2, 0.05, 0.01, 0.1, 0.02), timed(0.4, 0.15, 0.03, 0.1, 0.04)], {}, 1.0)
-    # The store's puts end after the report, off the TTFT: they are in no part.
+        "mooncake": {"reason": "miss", "ttft_s": conductor,
+                     "timings": {"queue": queue, "load": load, "compute": compute, "store": 0.5, "transfer": handoff}}}
+    row = policy_summary([timed(0.2, 0.19, 0.05, 0.01, 0.1, 0.02), timed(0.4, 0.37, 0.15, 0.03, 0.1, 0.04)], {}, 1.0)
+    # The store's puts end after the report, off the TTFT: they are in no part. What the
+    # conductor timed beyond the worker's parts is its dispatch; what the client saw beyond the
+    # conductor's TTFT, the front end.
     assert row["ttft_parts"] == pytest.approx({"queue": 0.1, "load": 0.02, "compute": 0.1, "handoff": 0.03,
-                                               "other": 0.05})
+                                               "dispatch": 0.03, "frontend": 0.02})
     assert sum(row["ttft_parts"].values()) == pytest.approx(row["ttft"]["mean"])
     assert set(policy_summary([], {}, 0.0)["ttft_parts"].values()) == {None}
 
@@ -141,7 +145,7 @@ def test_the_simulators_ttft_parts_add_up_to_its_mean_ttft():
     cfg = SchedulerConfig(block_tokens=128, ttft_slo=0.0, tbt_slo=0.0, admission="none")
     sim = simulate_policy(SHARED_PREFIX, cfg, 2, costs, 10_000, 10_000, shared_cores=1)
     parts = sim["ttft_parts"]
-    assert parts["handoff"] == parts["other"] == 0.0 and parts["queue"] == pytest.approx(sim["queue_seconds"]["mean"])
+    assert parts["handoff"] == parts["dispatch"] == parts["frontend"] == 0.0 and parts["queue"] == pytest.approx(sim["queue_seconds"]["mean"])
     assert sum(parts.values()) == pytest.approx(sim["ttft"]["mean"])
 
 
