@@ -15,7 +15,8 @@ from transfer.settings import SIZE_UNITS_HELP, parse_size
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size", "master", "cluster_id")
+@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size", "segment_prefault", "master",
+                  "cluster_id")
 def store(
     sizes: str = typer.Option(",".join(SIZES), help=f"Comma-separated value sizes. {SIZE_UNITS_HELP}"),
     batch: int = typer.Option(32, min=1, help="Objects per batch call."),
@@ -33,7 +34,11 @@ def store(
     `remote`: the segment is a store-client daemon's, another process on this host (shared
     memory), or with --master, a store client of that cluster wherever it runs. `local`: the
     segment belongs to this benchmarking process. With --master (an address or etcd://...) the
-    running cluster of that master is measured and no cluster is started."""
+    running cluster of that master is measured and no cluster is started.
+
+    Segments are committed when mounted (--segment-prefault, the default), so no cell pays the
+    page faults of memory written for the first time; with --no-segment-prefault the first cell
+    that walks fresh pool memory (the 1 MiB single put, with the default sizes) measures them."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
