@@ -330,7 +330,8 @@ SETTINGS: tuple[Setting, ...] = (
        "Take and map a segment's memory when it is mounted: a /dev/shm too small for it fails "
        "the start (SHARED_MEMORY_EXHAUSTED) instead of a SIGBUS when the pool fills, and no put "
        "pays page faults (a fresh page costs 0.7-1.2 ms per MiB on a VM). Costs about 0.6 s per "
-       "GiB at start. Off: memory is taken as objects are first written."),
+       "GiB at start. Off: memory is taken as objects are first written (the default of a store "
+       "embedded through compat/, as in the original, unless this is set)."),
     _s("store", "store_clients", "int", 1,
        "Store-client daemons `mooncake up` starts, each contributing one segment.", minimum=0),
     _s("store", "store_max_batch_keys", "int", 8192,

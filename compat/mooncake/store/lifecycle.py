@@ -153,6 +153,12 @@ class StoreLifecycle:
         client_id = _NAMES.acquire(name)
         try:
             config = resolve({"bind_host": ip, "transfer_protocol": protocol, "tenant": tenant})
+            if config.sources["segment_prefault"] == "default":
+                # The original leaves an embedded store's segment untouched until objects land in
+                # it, and engines make one per rank (4 GB by default; SGLang's own test makes five
+                # in one process): committing each at mount, as our store-client daemons do, would
+                # take all that RAM at once. MOONCAKE_SEGMENT_PREFAULT still decides when set.
+                config = config.replace(segment_prefault=False)
             self._client = StoreClient(master, config, segment_size=segment_size, client_id=client_id)
         except BaseException:
             _NAMES.release(client_id)
