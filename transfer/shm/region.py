@@ -19,6 +19,7 @@ import re
 import shutil
 
 from transfer.errors import SharedMemoryExhausted
+from transfer.gpu.device_memory import view_address
 
 SHM_DIR = "/dev/shm"
 PREFIX = "mooncake-te-"
@@ -108,7 +109,8 @@ def _map_every_page(region: mmap.mmap, size: int) -> None:
     be mapped on first touch, which only costs the faults it would have cost anyway."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    with memoryview(region) as view:  # released at once: an exported view would block close()
+        address = view_address(view)
     if libc.madvise(address, size, _MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
         raise OSError(ctypes.get_errno(), f"madvise(MADV_POPULATE_WRITE) of {size:,} bytes failed")
 
