@@ -48,7 +48,7 @@ class Mooncake:
         self.env["MOONCAKE_METRICS_PORT"] = "0"
         # Segments fill lazily unless a test asks: committing 1 GiB at mount (segment_prefault, on
         # in the product) adds ~0.9 s to every `up`, ~100 of them in the suite;
-        # tests/transfer/test_shm_region.py and tests/store/test_segment_prefault.py cover it.
+        # tests/transfer/test_shm_region.py and tests/store/test_store_segment_prefault.py cover it.
         self.env["MOONCAKE_SEGMENT_PREFAULT"] = "false"
 
     def __call__(self, *args: str, timeout: float = 60, env: dict | None = None,
