@@ -38,7 +38,7 @@ def store(
 
     Segments are committed when mounted (--segment-prefault, the default), so no cell pays the
     page faults of memory written for the first time; with --no-segment-prefault the first cell
-    that walks fresh pool memory (the 1 MiB single put, with the default sizes) measures them."""
+    that walks fresh pool memory measures them too."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
