@@ -58,3 +58,23 @@ def test_a_region_larger_than_the_free_shared_memory_fails_at_creation_when_comm
     # 4 MiB, with a SIGBUS in whichever process made it: what committing turns into this error.
     lazy = SharedRegion("mooncake-te-1-big-1", 8 * MiB, create=True)
     lazy.close()
+
+
+def test_a_committed_region_that_cannot_fit_is_refused_before_any_page_is_taken(small_shm, monkeypatch):
+    """tmpfs gives out pages until it is full, and /dev/shm is as large as the memory: a region
+    larger than the free space, or than the memory available, would take all the memory there
+    is (and get a process killed) before failing. Both are refused before allocating."""
+    (small_shm / "other").write_bytes(bytes(3 * MiB))  # 1 MiB of the 4 MiB tmpfs left
+    allocations = []
+    monkeypatch.setattr(region_module.os, "posix_fallocate", lambda *args: allocations.append(args))
+    with pytest.raises(SharedMemoryExhausted, match=r"too few for 2,097,152 bytes"):
+        SharedRegion("mooncake-te-1-big-2", 2 * MiB, create=True, commit=True)
+
+    import psutil
+
+    memory = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory._replace(available=512 * 1024))
+    with pytest.raises(SharedMemoryExhausted, match=r"524,288 bytes of memory available, too few for 1,048,576"):
+        SharedRegion("mooncake-te-1-big-3", MiB, create=True, commit=True)
+    assert allocations == []
+    assert os.listdir(small_shm) == ["other"]

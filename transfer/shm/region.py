@@ -92,15 +92,29 @@ class SharedRegion:
 
 
 def _allocate(fd: int, path: str, size: int) -> None:
+    """Take the region's pages, refusing first what cannot fit: tmpfs hands out pages one by
+    one until it is full, and /dev/shm is usually as large as the machine's memory, so a
+    region larger than the free space or than the memory available would first take all the
+    memory there is (the kernel then kills some process) before failing."""
+    free = shutil.disk_usage(SHM_DIR).free
+    if size > free:
+        raise SharedMemoryExhausted(_too_big(path, size, f"{SHM_DIR} has {free:,} bytes free"))
+    import psutil  # here, not at the top: only a committing owner needs it
+
+    available = psutil.virtual_memory().available
+    if size > available:
+        raise SharedMemoryExhausted(_too_big(path, size, f"this machine has {available:,} bytes of memory available"))
     try:
         os.posix_fallocate(fd, 0, size)  # releases the GIL while tmpfs hands out the pages
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        free = shutil.disk_usage(SHM_DIR).free
-        raise SharedMemoryExhausted(
-            f"{SHM_DIR} has {free:,} bytes free, too few for {size:,} bytes of {path}: lower the "
-            f"size (--segment-size) or enlarge {SHM_DIR}") from None
+        free = shutil.disk_usage(SHM_DIR).free  # taken meanwhile by another process
+        raise SharedMemoryExhausted(_too_big(path, size, f"{SHM_DIR} has {free:,} bytes free")) from None
+
+
+def _too_big(path: str, size: int, limit: str) -> str:
+    return f"{limit}, too few for {size:,} bytes of {path}: lower the size (--segment-size) or enlarge {SHM_DIR}"
 
 
 def _map_every_page(region: mmap.mmap, size: int) -> None:
