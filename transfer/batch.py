@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from transfer.errors import TooManyRequests
+
 
 class OpCode(enum.IntEnum):
     READ = 0
@@ -63,26 +65,48 @@ class TransferStatus:
 
 
 class Task:
-    def __init__(self, request: TransferRequest, deadline: float) -> None:
+    def __init__(self, request: TransferRequest, deadline: float, batch: Batch) -> None:
         self.request = request
         self.deadline = deadline
+        self._batch = batch  # told once when this task ends (Batch.tasks_ended, Batch.task_failed)
         self._lock = threading.Lock()
-        self._remaining = 0
+        self._remaining = 1  # slices not yet landed: most requests are one (see expect)
         self._transferred = 0
         self._failed: str | None = None
+        self._ended = False
 
     def expect(self, num_slices: int) -> None:
         self._remaining = num_slices
 
     def slice_done(self, length: int) -> None:
-        with self._lock:
-            self._remaining -= 1
+        if self._land(length):
+            self._batch.tasks_ended(1, self._transferred)
+
+    def _land(self, length: int) -> bool:
+        """Count a landed slice; whether that ended the task."""
+        with self._lock:  # the bytes first: a reader without the lock takes _remaining == 0 as final
             self._transferred += length
+            self._remaining -= 1
+            ends = self._remaining == 0 and not self._ended
+            self._ended |= ends
+        return ends
+
+    @staticmethod
+    def land_whole(tasks: tuple[Task, ...]) -> None:
+        """Each of ``tasks`` (of one batch, each moved in one slice) landed whole; the batch is
+        told once."""
+        ended = [task for task in tasks if task._land(task.request.length)]
+        if ended:
+            ended[0]._batch.tasks_ended(len(ended), sum(task.request.length for task in ended))
 
     def fail(self, reason: str) -> None:
         with self._lock:
-            if self._failed is None:
-                self._failed = reason
+            if self._failed is not None:
+                return
+            self._failed = reason
+            ends = not self._ended
+            self._ended = True
+        self._batch.task_failed(self._transferred if ends else 0, counted=not ends)
 
     @property
     def finished(self) -> bool:
@@ -90,31 +114,41 @@ class Task:
 
     def pending(self, now: float) -> bool:
         """``status(now).status == Status.PENDING`` without building the status (checked for
-        every request of a batch whenever one is freed or waited for)."""
-        with self._lock:
-            return self._failed is None and self._remaining != 0 and now <= self.deadline
+        every request of a batch whenever one is freed or waited for). Read without the lock:
+        a task only ever goes from pending to settled, so a stale read says "pending" once too
+        often, which the waiter's next look corrects."""
+        return self._failed is None and self._remaining != 0 and now <= self.deadline
+
+    def state(self, now: float) -> tuple[Status, int, str]:
+        """(status, bytes moved, error): :meth:`status`'s content, without building it. Read
+        without the lock, as :meth:`pending`: a settled task's fields no longer change (the
+        bytes are counted before the last slice is), and a pending one's bytes may be one slice
+        behind, as they may be a moment later anyway."""
+        failed, transferred = self._failed, self._transferred
+        if failed is not None:
+            return Status.FAILED, transferred, failed
+        if self._remaining == 0:
+            return Status.COMPLETED, self._transferred, ""
+        if now > self.deadline:
+            return Status.TIMEOUT, transferred, "deadline passed"
+        return Status.PENDING, transferred, ""
 
     def status(self, now: float | None = None) -> TransferStatus:
-        with self._lock:
-            if self._failed is not None:
-                return TransferStatus(Status.FAILED, self._transferred, self._failed)
-            if self._remaining == 0:
-                return TransferStatus(Status.COMPLETED, self._transferred)
-            if (time.monotonic() if now is None else now) > self.deadline:
-                return TransferStatus(Status.TIMEOUT, self._transferred, "deadline passed")
-            return TransferStatus(Status.PENDING, self._transferred)
+        return TransferStatus(*self.state(time.monotonic() if now is None else now))
 
 
 class Slice:
     """One contiguous piece of a task, moved as a unit by one transport on one path."""
 
-    __slots__ = ("task", "index", "local", "local_buffer", "local_offset", "location", "remote_address",
-                 "length", "attempt", "peer", "transport")
+    __slots__ = ("task", "riders", "index", "local", "local_buffer", "local_offset", "location",
+                 "remote_address", "length", "attempt", "peer", "transport")
 
     def __init__(self, task: Task, index: int, local_buffer: Any, local_offset: int, length: int,
-                 remote_address: int, peer: Any, transport: Any) -> None:
-        """``local_buffer``: the RegisteredBuffer holding the local bytes, from ``local_offset``."""
-        self.task, self.index = task, index
+                 remote_address: int, peer: Any, transport: Any, riders: tuple[Task, ...] = ()) -> None:
+        """``local_buffer``: the RegisteredBuffer holding the local bytes, from ``local_offset``.
+        ``riders``: whole requests that continue ``task``'s on both sides and travel in this
+        slice after it (a run of small requests moved as one copy); each ends with the slice."""
+        self.task, self.riders, self.index = task, riders, index
         self.local_buffer, self.local_offset, self.length = local_buffer, local_offset, length
         self.local = local_buffer.view[local_offset:local_offset + length]
         self.location = local_buffer.location
@@ -127,6 +161,18 @@ class Slice:
     def opcode(self) -> OpCode:
         return self.task.request.opcode
 
+    def landed(self) -> bool:
+        """Count the slice's bytes to its requests; whether one of them has now finished."""
+        if not self.riders:
+            self.task.slice_done(self.length)
+            return self.task.finished
+        Task.land_whole((self.task, *self.riders))
+        return True
+
+    def fail(self, reason: str) -> None:
+        for task in (self.task, *self.riders):
+            task.fail(reason)
+
     def continued_by(self, other: Slice) -> bool:
         """Whether ``other`` moves the bytes right after this slice's on both sides, the same way:
         the two can then be moved as one."""
@@ -137,13 +183,72 @@ class Slice:
 
 
 class Batch:
+    """The requests submitted under one batch id. Besides its tasks it counts those that have
+    not ended (and the bytes and failures of those that have), so that the common questions
+    about a finished batch (is anything pending? how did it end?) take no pass over its tasks."""
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.tasks: list[Task] = []
+        self._lock = threading.Lock()
+        self._open = 0  # tasks neither done nor failed (a timed-out one is still open)
+        self._moved = 0  # bytes of the tasks that ended
+        self._failures = 0
+
+    def add(self, requests: list[TransferRequest], deadline: float) -> list[Task]:
+        """Tasks for ``requests``, or TooManyRequests (and none) beyond the capacity."""
+        with self._lock:
+            if len(self.tasks) + len(requests) > self.capacity:
+                raise TooManyRequests(f"batch holds {self.capacity} requests; {len(self.tasks)} used, "
+                                      f"{len(requests)} more submitted")
+            tasks = [Task(r, deadline, self) for r in requests]
+            self.tasks.extend(tasks)
+            self._open += len(tasks)
+        return tasks
+
+    def tasks_ended(self, count: int, moved: int) -> None:
+        """``count`` tasks ended with all their slices landed, ``moved`` bytes in all."""
+        with self._lock:
+            self._open -= count
+            self._moved += moved
+
+    def task_failed(self, moved: int, counted: bool) -> None:
+        """A task failed (``counted``: it had ended before, all landed, and fails after all)."""
+        with self._lock:
+            self._open -= 0 if counted else 1
+            self._moved += moved
+            self._failures += 1
+
+    @property
+    def open(self) -> int:
+        """Tasks that have neither landed nor failed (some may have timed out)."""
+        return self._open
 
     def pending(self, now: float | None = None) -> bool:
+        if self._open == 0:
+            return False
         now = time.monotonic() if now is None else now
         return any(t.pending(now) for t in self.tasks)
+
+    def summary(self, now: float) -> TransferStatus:
+        """The worst status among the requests, with the bytes moved by all of them and the
+        first error."""
+        with self._lock:
+            if self._open == 0 and self._failures == 0:
+                return TransferStatus(Status.COMPLETED, self._moved)
+        worst, moved, error = Status.COMPLETED, 0, ""
+        for task in self.tasks:
+            status, transferred, reason = task.state(now)
+            moved += transferred
+            if status != Status.COMPLETED:
+                if _SEVERITY.index(status) < _SEVERITY.index(worst):
+                    worst = status
+                error = error or reason
+        return TransferStatus(worst, moved, error)
+
+
+# From worst to best: a batch's summary shows the worst status among its requests.
+_SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
 
 
 FRAGMENT_RATIO = 4

@@ -10,7 +10,9 @@ passes; failures that another path cannot fix (a stale peer, a refused range) en
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -22,20 +24,22 @@ from transfer.errors import (BatchBusy, DeviceNotFound, InvalidArgument, Mooncak
                              TransferFailed, TransferTimeout)
 from transfer.batch import cut
 from transfer.memory import RegisteredBuffer
-from transfer.shm.transport import ShmTransport
+from transfer.shm.transport import RUN_BYTES, ShmTransport
 from transfer.tcp.transport import TcpTransport
 from transfer.transport import Transport
 
 _HANDOFF = 32  # requests of a submission cut before their slices go to the transports
-_SEVERITY = [Status.FAILED, Status.TIMEOUT, Status.PENDING, Status.WAITING, Status.COMPLETED]
 
 
 @dataclass
 class _Seen:
-    """What planning one batch already looked up: its last local buffer, its peers by handle."""
+    """What planning one batch already looked up: its last local and peer buffers, its peers by handle."""
 
     local: RegisteredBuffer | None = None
     peers: dict[int, SegmentDescriptor] = field(default_factory=dict)
+    # The last peer buffer found, and whose: the next request mostly lies in it too.
+    remote: BufferDesc | None = None
+    remote_peer: SegmentDescriptor | None = None
     # The transport per peer buffer (by the BufferDesc's id: the peer's descriptor, which holds
     # it, outlives the call).
     transports: dict[int, Transport] = field(default_factory=dict)
@@ -65,27 +69,84 @@ class BatchMixin:
             del self._batches[batch_id]
 
     def submit_transfer(self, batch_id: int, requests: list[TransferRequest]) -> None:
-        seen = _Seen()
-        planned = [self._plan(r, seen) for r in requests]  # raises before anything is queued
+        common = self._common_plan(requests)
+        if common is None:  # each request on its own; raises before anything is queued
+            seen = _Seen()
+            planned = [self._plan(r, seen) for r in requests]
         deadline = time.monotonic() + self.options.transfer_timeout
         with self._batch_lock:
             batch = self._batch(batch_id)
-            if len(batch.tasks) + len(requests) > batch.capacity:
-                raise TooManyRequests(f"batch {batch_id} holds {batch.capacity} requests; "
-                                      f"{len(batch.tasks)} used, {len(requests)} more submitted")
-            tasks = [Task(r, deadline) for r in requests]
-            batch.tasks.extend(tasks)
+        try:
+            tasks = batch.add(requests, deadline)
+        except TooManyRequests as exc:
+            raise TooManyRequests(f"batch {batch_id}: {exc}") from None
+        if common is not None and self._runs_whole(common, requests):
+            common[3].submit(_runs(tasks, common))  # cut in one pass: nothing to overlap
+            return
         # Validated: the slices of every _HANDOFF requests leave at once, so the transports
         # move the first ones while the rest are still being cut.
         for first in range(0, len(tasks), _HANDOFF):
-            by_transport: dict[Transport, list[Slice]] = {}
-            for task, (local, peer, _, transport) in zip(tasks[first:first + _HANDOFF],
-                                                         planned[first:first + _HANDOFF]):
+            chunk = tasks[first:first + _HANDOFF]
+            plans = [common] * len(chunk) if common is not None else planned[first:first + _HANDOFF]
+            for transport, pieces in self._cut(chunk, plans).items():
+                transport.submit(pieces)
+
+    def _common_plan(self, requests: list[TransferRequest]) -> tuple | None:
+        """One plan (see :meth:`_plan`) that holds for every request, checked in passes over
+        the whole batch rather than a Python round per request: all are TransferRequests of
+        one valid opcode with positive integer lengths, to one segment, inside one local and
+        one peer buffer (a batch of KV pages, a benchmark's blocks). None for any other batch,
+        whose requests are then planned, and refused, one by one."""
+        if not requests or set(map(type, requests)) != {TransferRequest}:
+            return None
+        opcodes, sources, target_ids, offsets, lengths, _ = zip(*requests)
+        if (len(set(opcodes)) != 1 or opcodes[0] not in (OpCode.READ, OpCode.WRITE)
+                or len(set(target_ids)) != 1 or set(map(type, lengths)) != {int} or min(lengths) <= 0):
+            return None
+        low, high = min(sources), max(map(operator.add, sources, lengths))
+        remote_low, remote_high = min(offsets), max(map(operator.add, offsets, lengths))
+        try:
+            local = self.check_address(low, high - low)
+            peer = self.segments.get(target_ids[0])
+            remote = peer.find_buffer(remote_low, remote_high - remote_low)
+            return local, peer, remote, self._transport_for(peer, remote)
+        except MooncakeError:
+            return None
+
+    def _runs_whole(self, plan: tuple, requests: list[TransferRequest]) -> bool:
+        """Whether ``requests``, all under ``plan``, move as runs of whole requests (see
+        :func:`_runs`): shared memory from host memory, each request one slice."""
+        local, _, _, transport = plan
+        return (isinstance(transport, ShmTransport) and not local.location.startswith("cuda")
+                and max(r.length for r in requests) <= max(self.options.slice_size, self.options.slice_threshold))
+
+    def _cut(self, tasks: list[Task], planned: list[tuple]) -> dict[Transport, list[Slice]]:
+        """The slices of ``tasks``, by transport. Consecutive requests that shared memory moves
+        whole, between the same two buffers in the same direction, go to :func:`_runs`, which
+        lets the ones that continue each other travel as one slice."""
+        by_transport: dict[Transport, list[Slice]] = {}
+        whole = max(self.options.slice_size, self.options.slice_threshold)
+        group: list[Task] = []  # consecutive whole shared-memory requests of one plan and opcode
+        group_plan: tuple = ()
+        for task, plan in zip(tasks, planned):
+            local, peer, remote, transport = plan
+            request = task.request
+            if not (isinstance(transport, ShmTransport) and request.length <= whole
+                    and not local.location.startswith("cuda")):
                 pieces = self._slices(task, local, peer, transport)
                 task.expect(len(pieces))
                 by_transport.setdefault(transport, []).extend(pieces)
-            for transport, pieces in by_transport.items():
-                transport.submit(pieces)
+                continue
+            if group and (group_plan[0] is not local or group_plan[2] is not remote
+                          or group[0].request.opcode != request.opcode):
+                by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan))
+                group = []
+            if not group:
+                group_plan = plan
+            group.append(task)
+        if group:
+            by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan))
+        return by_transport
 
     def _plan(self, request: TransferRequest, seen: _Seen | None = None,
               ) -> tuple[RegisteredBuffer, SegmentDescriptor, BufferDesc, Transport]:
@@ -104,7 +165,11 @@ class BatchMixin:
         peer = seen.peers.get(request.target_id)
         if peer is None:
             peer = seen.peers[request.target_id] = self.segments.get(request.target_id)
-        remote = peer.find_buffer(request.target_offset, request.length)
+        remote = seen.remote
+        if (remote is None or seen.remote_peer is not peer
+                or not remote.address <= request.target_offset <= remote.end - request.length):
+            remote = seen.remote = peer.find_buffer(request.target_offset, request.length)
+            seen.remote_peer = peer
         transport = seen.transports.get(id(remote))
         if transport is None:
             transport = seen.transports[id(remote)] = self._transport_for(peer, remote)
@@ -134,13 +199,9 @@ class BatchMixin:
 
     def get_batch_transfer_status(self, batch_id: int) -> TransferStatus:
         """The worst status among the batch's requests, with the bytes moved by all of them."""
-        return _summarize(self._request_statuses(batch_id))
-
-    def _request_statuses(self, batch_id: int) -> list[TransferStatus]:
         with self._batch_lock:
-            tasks = list(self._batch(batch_id).tasks)
-        now = time.monotonic()
-        return [t.status(now) for t in tasks]
+            batch = self._batch(batch_id)
+        return batch.summary(time.monotonic())
 
     def wait_batch(self, batch_id: int, timeout: float | None = None) -> TransferStatus:
         """Block until no request of the batch is pending (each has a deadline, so this ends).
@@ -151,7 +212,8 @@ class BatchMixin:
         """
         limit = None if timeout is None else time.monotonic() + timeout
         with self._batch_lock:
-            tasks = self._batch(batch_id).tasks
+            batch = self._batch(batch_id)
+        tasks = batch.tasks
         # A request stays settled (not PENDING) once it is, and requests mostly settle in the
         # order they were submitted: each wake-up looks at the first unsettled one onwards, not
         # at all of them (a batch of 128 small requests wakes this up to 128 times). Checked
@@ -159,7 +221,7 @@ class BatchMixin:
         # and the wait cannot be missed.
         settled = 0
         with self._progress:
-            while True:
+            while batch.open:
                 now = time.monotonic()
                 while settled < len(tasks) and not tasks[settled].pending(now):
                     settled += 1
@@ -307,8 +369,7 @@ class BatchMixin:
     # -- SliceSink: what transports report ---------------------------------------------------------
 
     def done(self, piece: Slice) -> None:
-        piece.task.slice_done(piece.length)
-        if piece.task.finished:
+        if piece.landed():
             with self._progress:
                 self._progress.notify_all()
 
@@ -318,7 +379,7 @@ class BatchMixin:
             self.paths.mark_failed(path, now)
         task = piece.task
         if fatal or piece.attempt >= self.options.retry_count or now > task.deadline or task.finished:
-            task.fail(f"{reason} (after {piece.attempt + 1} attempt(s))")
+            piece.fail(f"{reason} (after {piece.attempt + 1} attempt(s))")
             # The peer may have restarted or moved: the next use fetches its descriptor again.
             self.segments.invalidate(piece.peer.name, piece.peer.incarnation)
             with self._progress:
@@ -328,7 +389,28 @@ class BatchMixin:
         piece.transport.submit([piece])
 
 
-def _summarize(statuses: list[TransferStatus]) -> TransferStatus:
-    worst = min((s.status for s in statuses), key=_SEVERITY.index, default=Status.COMPLETED)
-    errors = [s.error for s in statuses if s.error]
-    return TransferStatus(worst, sum(s.transferred_bytes for s in statuses), errors[0] if errors else "")
+def _runs(tasks: list[Task], plan: tuple) -> list[Slice]:
+    """The slices moving ``tasks`` (of one plan, each one slice): one per stretch of requests
+    that continue each other on both sides, up to RUN_BYTES each. The stretches are found with
+    C-speed passes over the batch, not a Python round per request."""
+    _, sources, _, offsets, lengths, _ = zip(*(task.request for task in tasks))
+    ends = map(operator.add, sources, lengths)
+    remote_ends = map(operator.add, offsets, lengths)
+    breaks = itertools.compress(range(1, len(tasks)), map(operator.or_, map(operator.ne, sources[1:], ends),
+                                                          map(operator.ne, offsets[1:], remote_ends)))
+    sums = list(itertools.accumulate(lengths, initial=0))  # sums[i]: bytes before request i
+    pieces = []
+    for start, stop in itertools.pairwise([0, *breaks, len(tasks)]):
+        while start < stop:
+            end = max(start + 1, bisect.bisect_right(sums, sums[start] + RUN_BYTES, start + 1, stop + 1) - 1)
+            pieces.append(_run_slice(tasks[start:end], plan, sums[end] - sums[start]))
+            start = end
+    return pieces
+
+
+def _run_slice(run: list[Task], plan: tuple, length: int) -> Slice:
+    """One slice moving the whole requests of ``run`` (contiguous on both sides) in order."""
+    local, peer, _, transport = plan
+    request = run[0].request
+    return Slice(run[0], 0, local, request.source - local.address, length, request.target_offset, peer,
+                 transport, tuple(run[1:]))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
-from transfer.batch import OpCode, Status, TransferRequest
+from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
 from transfer.errors import (AddressNotRegistered, AddressOverlapped, BatchBusy, InvalidArgument,
                              SegmentNotFound, TooManyRequests)
 from transfer.memory import address_of
@@ -231,3 +233,47 @@ def test_shm_copies_requests_that_continue_each_other_as_one_run(make_engine, mo
     assert initiator.read(handle, into, base + 36 * block, 16 * block) == 16 * block  # one request, one copy
     assert np.array_equal(back[4 * block:12 * block], first[32 * block:40 * block])
     assert copies == [16 * block]
+
+
+def test_a_batch_within_one_buffer_moves_in_runs_and_each_request_ends_on_its_own_account(make_engine, monkeypatch):
+    """Contiguous requests inside one local and one peer buffer (KV pages) are planned as a
+    whole and moved as runs of at most RUN_BYTES; each request still reports its own status
+    and bytes, and when a run cannot be moved every request it carried fails at once."""
+    from transfer import batches
+    from transfer.shm import transport as shm
+
+    copies = []
+    real_copy = shm._copy
+    monkeypatch.setattr(shm, "_copy",
+                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
+    for module in (shm, batches):
+        monkeypatch.setattr(module, "RUN_BYTES", 256 * 1024)
+    target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=1)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    data = np.random.default_rng(3).integers(0, 256, 2 * MiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    block = 32 * 1024
+    requests = [TransferRequest(OpCode.WRITE, source + i * block, handle, base + i * block, block)
+                for i in range(12)]  # 384 KiB: a run of 256 KiB and one of 128 KiB
+    requests += [TransferRequest(OpCode.WRITE, source + (12 + i) * block, handle, base + (20 + i) * block, block)
+                 for i in range(12)]  # after a gap on the remote side: the same again
+    batch = initiator.allocate_batch_id(len(requests))
+    initiator.submit_transfer(batch, requests)
+    status = initiator.wait_batch(batch)
+    assert (status.status, status.transferred_bytes) == (Status.COMPLETED, 24 * block)
+    assert all(initiator.get_transfer_status(batch, i) == TransferStatus(Status.COMPLETED, block)
+               for i in range(len(requests)))
+    initiator.free_batch_id(batch)
+    assert sorted(copies) == [128 * 1024, 128 * 1024, 256 * 1024, 256 * 1024]
+    assert np.array_equal(remote[:12 * block], data[:12 * block])
+    assert np.array_equal(remote[20 * block:32 * block], data[12 * block:24 * block])
+
+    target.close()  # its region is removed: the next runs cannot be mapped
+    batch = initiator.allocate_batch_id(len(requests))
+    started = time.monotonic()
+    initiator.submit_transfer(batch, requests)
+    status = initiator.wait_batch(batch)
+    assert time.monotonic() - started < 5  # not the 10 s deadline of requests nobody ended
+    assert status.status == Status.FAILED and "cannot map" in status.error
+    assert {initiator.get_transfer_status(batch, i).status for i in range(len(requests))} == {Status.FAILED}
+    initiator.free_batch_id(batch)
