@@ -527,13 +527,20 @@ class _ZmqChannel:
         self.address = address
 
     def send(self, op: str, frames: list, deadline: float) -> None:
-        try:
-            if len(frames) > 1:
-                self.socket.send_multipart(frames, flags=_NOBLOCK, copy=False)
-            else:
-                self.socket.send(frames[0], _NOBLOCK)
-        except zmq.Again:
-            raise RpcError(f"{op}: send queue to {self.address} is full (daemon unreachable)") from None
+        """Queue the request; zmq.Again once the deadline passed with the queue still full.
+        ZeroMQ refuses to queue while a connection it dropped (a failed handshake, a daemon
+        restarting) is being made again, which a later moment may end."""
+        while True:
+            try:
+                if len(frames) > 1:
+                    self.socket.send_multipart(frames, flags=_NOBLOCK, copy=False)
+                else:
+                    self.socket.send(frames[0], _NOBLOCK)
+                return
+            except zmq.Again:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.socket.poll(max(1, int(remaining * 1000)), _POLLOUT):
+                    raise
 
     def wait_readable(self, timeout_ms: int) -> bool:
         return bool(zmq.zmq_poll(self._poll_items, timeout_ms))
@@ -638,6 +645,9 @@ class RpcClient:
             self._check_open(op)
             try:
                 self._channel.send(op, [header, *frames], deadline)
+            except zmq.Again:
+                raise RpcTimeout(f"{op}: could not send to {self.address} within the deadline"
+                                 + self._timeout_hint()) from None
             except stream.ConnectionLost as exc:
                 # The peer closed the stream while it sat idle (the daemon restarted): what was
                 # in flight on it is lost, and this request never went out whole, so one try on

@@ -84,3 +84,38 @@ def test_a_client_with_a_secret_still_reaches_a_server_without_one(tmp_path):
             assert client.call("ping") == "pong"
     finally:
         server.stop()
+
+
+def test_a_request_zeromq_will_not_queue_yet_waits_for_the_connection_within_its_deadline(served, monkeypatch):
+    """ZeroMQ refuses to queue (EAGAIN) while it makes a dropped connection again (a failed
+    handshake, a restarting daemon); under load a call once failed at once there with "send
+    queue full". It now waits for the socket within its deadline, then says what it may be."""
+    import time
+
+    import zmq
+
+    tcp, _, _ = served
+    refusals = []
+
+    class Refusing(zmq.Socket):
+        def send(self, *args, **kwargs):
+            if len(refusals) < limit:
+                refusals.append(time.monotonic())
+                raise zmq.Again()
+            return super().send(*args, **kwargs)
+
+        send_multipart = zmq.Socket.send_multipart
+
+    limit = 2
+    with RpcClient(tcp, timeout=5, secret=SECRET) as client:
+        client._channel.socket.__class__ = Refusing
+        assert client.call("remove_all", {"force": True}) == {"removed": 20}
+    assert len(refusals) == 2
+    refusals.clear()
+    limit = 10**9
+    with RpcClient(tcp, timeout=QUICK, secret=SECRET) as client:
+        client._channel.socket.__class__ = Refusing
+        started = time.monotonic()
+        with pytest.raises(RpcTimeout, match="could not send .* within the deadline .*cluster secret right"):
+            client.call("remove_all", {"force": True})
+        assert QUICK <= time.monotonic() - started < QUICK + 2
