@@ -80,8 +80,8 @@ class BatchMixin:
             tasks = batch.add(requests, deadline)
         except TooManyRequests as exc:
             raise TooManyRequests(f"batch {batch_id}: {exc}") from None
-        if common is not None and self._runs_whole(common, requests):
-            common[3].submit(_runs(tasks, common))  # cut in one pass: nothing to overlap
+        if common is not None and self._moves_whole(common, requests):
+            common[3].submit(_runs(tasks, common, self._run_limit(common)))  # cut in one pass
             return
         # Validated: the slices of every _HANDOFF requests leave at once, so the transports
         # move the first ones while the rest are still being cut.
@@ -113,39 +113,48 @@ class BatchMixin:
         except MooncakeError:
             return None
 
-    def _runs_whole(self, plan: tuple, requests: list[TransferRequest]) -> bool:
-        """Whether ``requests``, all under ``plan``, move as runs of whole requests (see
-        :func:`_runs`): shared memory from host memory, each request one slice."""
+    def _run_limit(self, plan: tuple) -> int:
+        """How many bytes of whole requests under ``plan`` may travel as one slice (0: each
+        its own). Shared memory copies a run at once; TCP sends one as it sends one large
+        request, so up to the slice size, and it still stripes the runs over its streams."""
         local, _, _, transport = plan
-        return (isinstance(transport, ShmTransport) and not local.location.startswith("cuda")
+        if local.location.startswith("cuda"):
+            return 0  # staged through the device mirror request by request
+        if isinstance(transport, ShmTransport):
+            return RUN_BYTES
+        return self.options.slice_size if isinstance(transport, TcpTransport) else 0
+
+    def _moves_whole(self, plan: tuple, requests: list[TransferRequest]) -> bool:
+        """Whether ``requests``, all under ``plan``, travel in runs (see :func:`_runs`): their
+        transport takes runs, and each request is one slice that carries no grant (a peer
+        checks a slice against its own request's grant)."""
+        return (self._run_limit(plan) > 0 and not any(r.grant for r in requests)
                 and max(r.length for r in requests) <= max(self.options.slice_size, self.options.slice_threshold))
 
     def _cut(self, tasks: list[Task], planned: list[tuple]) -> dict[Transport, list[Slice]]:
-        """The slices of ``tasks``, by transport. Consecutive requests that shared memory moves
-        whole, between the same two buffers in the same direction, go to :func:`_runs`, which
-        lets the ones that continue each other travel as one slice."""
+        """The slices of ``tasks``, by transport. Consecutive requests that travel whole (see
+        :meth:`_moves_whole`), between the same two buffers in the same direction, go to
+        :func:`_runs`, which lets the ones that continue each other travel as one slice."""
         by_transport: dict[Transport, list[Slice]] = {}
-        whole = max(self.options.slice_size, self.options.slice_threshold)
-        group: list[Task] = []  # consecutive whole shared-memory requests of one plan and opcode
+        group: list[Task] = []  # consecutive whole requests of one plan and opcode
         group_plan: tuple = ()
         for task, plan in zip(tasks, planned):
             local, peer, remote, transport = plan
             request = task.request
-            if not (isinstance(transport, ShmTransport) and request.length <= whole
-                    and not local.location.startswith("cuda")):
+            if not self._moves_whole(plan, [request]):
                 pieces = self._slices(task, local, peer, transport)
                 task.expect(len(pieces))
                 by_transport.setdefault(transport, []).extend(pieces)
                 continue
             if group and (group_plan[0] is not local or group_plan[2] is not remote
                           or group[0].request.opcode != request.opcode):
-                by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan))
+                by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan, self._run_limit(group_plan)))
                 group = []
             if not group:
                 group_plan = plan
             group.append(task)
         if group:
-            by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan))
+            by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan, self._run_limit(group_plan)))
         return by_transport
 
     def _plan(self, request: TransferRequest, seen: _Seen | None = None,
@@ -389,10 +398,10 @@ class BatchMixin:
         piece.transport.submit([piece])
 
 
-def _runs(tasks: list[Task], plan: tuple) -> list[Slice]:
+def _runs(tasks: list[Task], plan: tuple, limit: int) -> list[Slice]:
     """The slices moving ``tasks`` (of one plan, each one slice): one per stretch of requests
-    that continue each other on both sides, up to RUN_BYTES each. The stretches are found with
-    C-speed passes over the batch, not a Python round per request."""
+    that continue each other on both sides, up to ``limit`` bytes each. The stretches are found
+    with C-speed passes over the batch, not a Python round per request."""
     _, sources, _, offsets, lengths, _ = zip(*(task.request for task in tasks))
     ends = map(operator.add, sources, lengths)
     remote_ends = map(operator.add, offsets, lengths)
@@ -402,7 +411,7 @@ def _runs(tasks: list[Task], plan: tuple) -> list[Slice]:
     pieces = []
     for start, stop in itertools.pairwise([0, *breaks, len(tasks)]):
         while start < stop:
-            end = max(start + 1, bisect.bisect_right(sums, sums[start] + RUN_BYTES, start + 1, stop + 1) - 1)
+            end = max(start + 1, bisect.bisect_right(sums, sums[start] + limit, start + 1, stop + 1) - 1)
             pieces.append(_run_slice(tasks[start:end], plan, sums[end] - sums[start]))
             start = end
     return pieces

@@ -277,3 +277,41 @@ def test_a_batch_within_one_buffer_moves_in_runs_and_each_request_ends_on_its_ow
     assert status.status == Status.FAILED and "cannot map" in status.error
     assert {initiator.get_transfer_status(batch, i).status for i in range(len(requests))} == {Status.FAILED}
     initiator.free_batch_id(batch)
+
+
+def test_tcp_sends_contiguous_small_requests_as_slice_sized_runs_unless_they_carry_grants(make_engine, monkeypatch):
+    """Over TCP a run of whole requests goes as one slice of up to the slice size (one header
+    and one completion instead of one per request); each request still ends on its own
+    account. Requests carrying grants go one by one: a peer checks each slice against its own
+    request's grant."""
+    from transfer.tcp.transport import TcpTransport
+
+    submitted = []
+    real_submit = TcpTransport.submit
+    monkeypatch.setattr(TcpTransport, "submit",
+                        lambda self, pieces: submitted.append(len(pieces)) or real_submit(self, pieces))
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp", slice_size=256 * 1024)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    data = np.random.default_rng(5).integers(0, 256, MiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    block = 32 * 1024
+    for grant, slices in ((b"", 3), (b"a grant", 24)):
+        submitted.clear()
+        remote[:] = 0
+        requests = [TransferRequest(OpCode.WRITE, source + i * block, handle, base + i * block, block, grant)
+                    for i in range(24)]  # 768 KiB: three runs of 256 KiB
+        batch = initiator.allocate_batch_id(len(requests))
+        initiator.submit_transfer(batch, requests)
+        assert initiator.wait_batch(batch) == TransferStatus(Status.COMPLETED, 24 * block)
+        assert all(initiator.get_transfer_status(batch, i) == TransferStatus(Status.COMPLETED, block)
+                   for i in range(len(requests)))
+        initiator.free_batch_id(batch)
+        assert sum(submitted) == slices
+        assert np.array_equal(remote[:24 * block], data[:24 * block])
+    back = np.zeros(24 * block, np.uint8)
+    into = initiator.register_local_memory(back)
+    batch = initiator.allocate_batch_id(24)
+    initiator.submit_transfer(batch, [TransferRequest(OpCode.READ, into + i * block, handle, base + i * block, block)
+                                      for i in range(24)])
+    assert initiator.wait_batch(batch).status == Status.COMPLETED
+    assert np.array_equal(back, data[:24 * block])
