@@ -65,6 +65,8 @@ class TransferStatus:
 
 
 class Task:
+    __slots__ = ("request", "deadline", "_batch", "_lock", "_remaining", "_transferred", "_failed", "_ended")
+
     def __init__(self, request: TransferRequest, deadline: float, batch: Batch) -> None:
         self.request = request
         self.deadline = deadline
@@ -93,11 +95,19 @@ class Task:
 
     @staticmethod
     def land_whole(tasks: tuple[Task, ...]) -> None:
-        """Each of ``tasks`` (of one batch, each moved in one slice) landed whole; the batch is
-        told once."""
-        ended = [task for task in tasks if task._land(task.request.length)]
+        """Each of ``tasks`` (of one batch, each moved whole in the one slice that carried them
+        all) is done; the batch is told once. Without the tasks' locks: a task moved in one
+        slice has no other slice to race with, and that slice reports once."""
+        ended = moved = 0
+        for task in tasks:
+            if not task._ended:
+                task._transferred = length = task.request.length
+                task._remaining = 0  # after the bytes: see _land
+                task._ended = True
+                ended += 1
+                moved += length
         if ended:
-            ended[0]._batch.tasks_ended(len(ended), sum(task.request.length for task in ended))
+            tasks[0]._batch.tasks_ended(ended, moved)
 
     def fail(self, reason: str) -> None:
         with self._lock:

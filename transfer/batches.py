@@ -15,8 +15,9 @@ import itertools
 import operator
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from transfer.batch import Batch, OpCode, Slice, Status, Task, TransferRequest, TransferStatus
 from transfer.descriptor import BufferDesc, SegmentDescriptor
@@ -69,7 +70,8 @@ class BatchMixin:
             del self._batches[batch_id]
 
     def submit_transfer(self, batch_id: int, requests: list[TransferRequest]) -> None:
-        common = self._common_plan(requests)
+        columns = _columns(requests)
+        common = None if columns is None else self._common_plan(columns)
         if common is None:  # each request on its own; raises before anything is queued
             seen = _Seen()
             planned = [self._plan(r, seen) for r in requests]
@@ -80,8 +82,8 @@ class BatchMixin:
             tasks = batch.add(requests, deadline)
         except TooManyRequests as exc:
             raise TooManyRequests(f"batch {batch_id}: {exc}") from None
-        if common is not None and self._moves_whole(common, requests):
-            common[3].submit(_runs(tasks, common, self._run_limit(common)))  # cut in one pass
+        if common is not None and self._moves_whole(common, columns.lengths, columns.grants):
+            common[3].submit(_runs(tasks, common, self._run_limit(common), columns))  # cut in one pass
             return
         # Validated: the slices of every _HANDOFF requests leave at once, so the transports
         # move the first ones while the rest are still being cut.
@@ -91,17 +93,17 @@ class BatchMixin:
             for transport, pieces in self._cut(chunk, plans).items():
                 transport.submit(pieces)
 
-    def _common_plan(self, requests: list[TransferRequest]) -> tuple | None:
-        """One plan (see :meth:`_plan`) that holds for every request, checked in passes over
-        the whole batch rather than a Python round per request: all are TransferRequests of
-        one valid opcode with positive integer lengths, to one segment, inside one local and
-        one peer buffer (a batch of KV pages, a benchmark's blocks). None for any other batch,
-        whose requests are then planned, and refused, one by one."""
-        if not requests or set(map(type, requests)) != {TransferRequest}:
-            return None
-        opcodes, sources, target_ids, offsets, lengths, _ = zip(*requests)
-        if (len(set(opcodes)) != 1 or opcodes[0] not in (OpCode.READ, OpCode.WRITE)
-                or len(set(target_ids)) != 1 or set(map(type, lengths)) != {int} or min(lengths) <= 0):
+    def _common_plan(self, columns: _Columns) -> tuple | None:
+        """One plan (see :meth:`_plan`) that holds for every request of a batch, checked in
+        passes over its columns rather than a Python round per request: one valid opcode,
+        positive integer lengths, one segment, inside one local and one peer buffer (a batch
+        of KV pages, a benchmark's blocks). None for any other batch, whose requests are then
+        planned, and refused, one by one."""
+        opcodes, sources, target_ids, offsets, lengths, _ = columns
+        # count, not a set: an enum member's hash is a Python call, its == is int's
+        if (opcodes.count(opcodes[0]) != len(opcodes) or opcodes[0] not in (OpCode.READ, OpCode.WRITE)
+                or target_ids.count(target_ids[0]) != len(target_ids) or set(map(type, lengths)) != {int}
+                or min(lengths) <= 0):
             return None
         low, high = min(sources), max(map(operator.add, sources, lengths))
         remote_low, remote_high = min(offsets), max(map(operator.add, offsets, lengths))
@@ -124,12 +126,12 @@ class BatchMixin:
             return RUN_BYTES
         return self.options.slice_size if isinstance(transport, TcpTransport) else 0
 
-    def _moves_whole(self, plan: tuple, requests: list[TransferRequest]) -> bool:
-        """Whether ``requests``, all under ``plan``, travel in runs (see :func:`_runs`): their
-        transport takes runs, and each request is one slice that carries no grant (a peer
-        checks a slice against its own request's grant)."""
-        return (self._run_limit(plan) > 0 and not any(r.grant for r in requests)
-                and max(r.length for r in requests) <= max(self.options.slice_size, self.options.slice_threshold))
+    def _moves_whole(self, plan: tuple, lengths: tuple[int, ...], grants: tuple[bytes, ...]) -> bool:
+        """Whether requests of these lengths and grants, all under ``plan``, travel in runs
+        (see :func:`_runs`): their transport takes runs, and each request is one slice that
+        carries no grant (a peer checks a slice against its own request's grant)."""
+        return (self._run_limit(plan) > 0 and not any(grants)
+                and max(lengths) <= max(self.options.slice_size, self.options.slice_threshold))
 
     def _cut(self, tasks: list[Task], planned: list[tuple]) -> dict[Transport, list[Slice]]:
         """The slices of ``tasks``, by transport. Consecutive requests that travel whole (see
@@ -138,23 +140,29 @@ class BatchMixin:
         by_transport: dict[Transport, list[Slice]] = {}
         group: list[Task] = []  # consecutive whole requests of one plan and opcode
         group_plan: tuple = ()
+
+        def flush() -> None:
+            columns = _Columns(*zip(*(task.request for task in group)))
+            by_transport.setdefault(group_plan[3], []).extend(
+                _runs(group, group_plan, self._run_limit(group_plan), columns))
+
         for task, plan in zip(tasks, planned):
             local, peer, remote, transport = plan
             request = task.request
-            if not self._moves_whole(plan, [request]):
+            if not self._moves_whole(plan, (request.length,), (request.grant,)):
                 pieces = self._slices(task, local, peer, transport)
                 task.expect(len(pieces))
                 by_transport.setdefault(transport, []).extend(pieces)
                 continue
             if group and (group_plan[0] is not local or group_plan[2] is not remote
                           or group[0].request.opcode != request.opcode):
-                by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan, self._run_limit(group_plan)))
+                flush()
                 group = []
             if not group:
                 group_plan = plan
             group.append(task)
         if group:
-            by_transport.setdefault(group_plan[3], []).extend(_runs(group, group_plan, self._run_limit(group_plan)))
+            flush()
         return by_transport
 
     def _plan(self, request: TransferRequest, seen: _Seen | None = None,
@@ -398,15 +406,38 @@ class BatchMixin:
         piece.transport.submit([piece])
 
 
-def _runs(tasks: list[Task], plan: tuple, limit: int) -> list[Slice]:
-    """The slices moving ``tasks`` (of one plan, each one slice): one per stretch of requests
-    that continue each other on both sides, up to ``limit`` bytes each. The stretches are found
-    with C-speed passes over the batch, not a Python round per request."""
-    _, sources, _, offsets, lengths, _ = zip(*(task.request for task in tasks))
-    ends = map(operator.add, sources, lengths)
-    remote_ends = map(operator.add, offsets, lengths)
-    breaks = itertools.compress(range(1, len(tasks)), map(operator.or_, map(operator.ne, sources[1:], ends),
-                                                          map(operator.ne, offsets[1:], remote_ends)))
+class _Columns(NamedTuple):
+    """A batch's requests field by field (``zip(*requests)``), for passes at C speed."""
+
+    opcodes: tuple[OpCode, ...]
+    sources: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    grants: tuple[bytes, ...]
+
+
+def _columns(requests: list[TransferRequest]) -> _Columns | None:
+    """The requests' columns; None unless every one is a TransferRequest."""
+    if not requests or set(map(type, requests)) != {TransferRequest}:
+        return None
+    return _Columns(*zip(*requests))
+
+
+def _runs(tasks: list[Task], plan: tuple, limit: int, columns: _Columns) -> list[Slice]:
+    """The slices moving ``tasks`` (of one plan, each one slice; ``columns``: their requests'):
+    one per stretch of requests that continue each other on both sides, up to ``limit`` bytes
+    each. The stretches are found with C-speed passes over the columns, not a Python round per
+    request."""
+    sources, offsets, lengths = columns.sources, columns.offsets, columns.lengths
+    if len(set(lengths)) == 1 and sources == tuple(range(sources[0], sources[0] + len(tasks) * lengths[0], lengths[0])) \
+            and offsets == tuple(range(offsets[0], offsets[0] + len(tasks) * lengths[0], lengths[0])):
+        breaks: Iterable[int] = ()  # equal blocks laid end to end on both sides: one stretch
+    else:
+        ends = map(operator.add, sources, lengths)
+        remote_ends = map(operator.add, offsets, lengths)
+        breaks = itertools.compress(range(1, len(tasks)), map(operator.or_, map(operator.ne, sources[1:], ends),
+                                                              map(operator.ne, offsets[1:], remote_ends)))
     sums = list(itertools.accumulate(lengths, initial=0))  # sums[i]: bytes before request i
     pieces = []
     for start, stop in itertools.pairwise([0, *breaks, len(tasks)]):
