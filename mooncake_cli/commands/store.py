@@ -93,7 +93,9 @@ def put(
 @settings_options("cluster", "rpc", "transfer", "checksum", "master", "cluster_id", "tenant")
 def get(
     key: str = typer.Argument(..., help="Object key."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of stdout."),
+    # Text, not a Path: typer converts a Path through pydantic, whose import cost this command
+    # ~0.12 s of its ~0.3 s (see mooncake_cli.coercion).
+    output: str | None = typer.Option(None, "-o", "--output", metavar="FILE", help="Write here instead of stdout."),
     *,
     config: Config,
 ) -> None:
@@ -110,7 +112,10 @@ def get(
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
-        output.write_bytes(data)
+        try:
+            Path(output).write_bytes(data)
+        except OSError as exc:
+            fail(f"cannot write {output}: {exc.strerror}")
 
 
 @settings_options("cluster", "rpc", "master", "cluster_id", "tenant")

@@ -79,8 +79,8 @@ def test_a_value_typer_must_convert_is_converted_by_typer():
     assert replicas.process_value(ctx, "3") == 3
     with pytest.raises(typer.BadParameter, match="greater than or equal to 1"):
         replicas.process_value(ctx, "0")
-    output = next(p for p in commands_of("store")["get"].params if p.name == "output")
-    assert DeferredCoercion(takes_text=False).coerce("out.bin", output, ctx) == Path("out.bin")
+    plot = next(p for p in commands_of("sim")["sim"].params if p.name == "plot")
+    assert DeferredCoercion(takes_text=False).coerce("out.png", plot, ctx) == Path("out.png")
 
 
 def test_text_for_a_parser_goes_to_the_parser():

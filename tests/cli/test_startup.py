@@ -155,11 +155,14 @@ def test_a_small_objects_put_get_and_exists_import_no_numpy_torch_or_etcd(cluste
     assert put.returncode == 0, put.stderr.decode()
     got, get_modules = _run_and_list_modules(cluster, "get", "small")
     assert got.returncode == 0 and got.stdout == blob
+    into = cluster.workdir / "small.out"
+    written, written_modules = _run_and_list_modules(cluster, "get", "small", "-o", str(into))
+    assert written.returncode == 0 and into.read_bytes() == blob
     found, exists_modules = _run_and_list_modules(cluster, "exists", "small")
     assert found.returncode == 0
 
     assert "transfer.engine" in get_modules and "store.client" in put_modules  # they moved the bytes
-    for modules in (put_modules, get_modules, exists_modules):
+    for modules in (put_modules, get_modules, written_modules, exists_modules):
         assert sorted(modules & set(NOT_FOR_A_SMALL_OBJECT)) == []
     # exists asks the master alone (no store client, no transfer engine, no CURVE server, whose
     # authenticator brings asyncio) and, found, prints nothing.
