@@ -3,7 +3,10 @@
 A whole submission is validated before anything moves: a bad address, length, segment or an
 over-capacity batch raises its typed error and no byte is written. Accepted requests are cut
 into slices and handed to the transport chosen per (request, peer buffer): shared memory when
-the peer is on this host and its buffer is in a named region, else TCP. A failed slice goes back
+the peer is on this host and its buffer is in a named region, else TCP. Small requests that
+continue each other on both sides (KV pages, a benchmark's blocks) travel as one slice carrying
+them all (a run), so a batch of them costs a few copies or sends, not one per request; each
+request still ends with its own status. A failed slice goes back
 to its transport on the next path until ``retry_count`` runs out or the request's deadline
 passes; failures that another path cannot fix (a stale peer, a refused range) end it at once.
 """
