@@ -45,6 +45,8 @@ class ShmTransport(Transport):
         threads: in the tens of microseconds a copy thread takes to wake, it moves up to
         RUN_BYTES, and a submission of one run needs no thread at all. So this returns after
         that one copy, not at once."""
+        if not pieces:
+            return
         queue = collections.deque(pieces)  # in submission order: the first requests land first
         first = queue.popleft()
         for _ in range(min(self._threads, len(queue))):
