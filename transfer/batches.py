@@ -73,6 +73,10 @@ class BatchMixin:
             del self._batches[batch_id]
 
     def submit_transfer(self, batch_id: int, requests: list[TransferRequest]) -> None:
+        """Validate every request (a typed error and nothing moved if one is bad), then start
+        moving them; :meth:`wait_batch` or the statuses tell when they are done. Over shared
+        memory the calling thread copies the first run itself (up to RUN_BYTES) before this
+        returns, while the copy threads wake for the rest."""
         columns = _columns(requests)
         common = None if columns is None else self._common_plan(columns)
         if common is None:  # each request on its own; raises before anything is queued
