@@ -286,6 +286,14 @@ class BatchMixin:
         alive once per call rather than once per request, and a peer reached over TCP gets all
         of the call's requests in one request group: a batch of small objects mostly lands in
         one or two segments."""
+        uniform = self._uniform_views(requests)
+        if isinstance(uniform, MooncakeError):
+            return [uniform] * len(requests)
+        if uniform is not None:
+            opcode = requests[0].opcode
+            for local_view, remote_view in uniform:
+                ShmTransport.copy_between(opcode, local_view, remote_view)
+            return [True] * len(requests)
         outcomes: list[bool | MooncakeError] = [False] * len(requests)
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
         by_peer: dict[tuple[str, str], tuple[TcpTransport, SegmentDescriptor, list[int], list]] = {}
@@ -329,6 +337,9 @@ class BatchMixin:
         shared: list[tuple[memoryview, memoryview] | MooncakeError | None] = [None] * len(requests)
         if not any(isinstance(t, ShmTransport) for t in self.transports):
             return shared  # TCP forced: nothing to plan twice
+        uniform = self._uniform_views(requests)
+        if uniform is not None:
+            return [uniform] * len(requests) if isinstance(uniform, MooncakeError) else uniform
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
         for n, request, plan in self._plan_each(requests):
             if isinstance(plan, MooncakeError):
@@ -344,6 +355,28 @@ class BatchMixin:
             except (OSError, ValueError) as exc:
                 shared[n] = self._unmappable(peer, exc)
         return shared
+
+    def _uniform_views(self, requests: list[TransferRequest],
+                       ) -> list[tuple[memoryview, memoryview]] | MooncakeError | None:
+        """For a batch under one plan (see :meth:`_common_plan`) that shared memory moves from
+        host memory: each request's (local, remote) views, from one mapping and without a
+        planning round per request; the error when the peer's memory cannot be mapped. None
+        for any other batch, which is planned request by request."""
+        columns = _columns(requests)
+        plan = None if columns is None else self._common_plan(columns)
+        if plan is None:
+            return None
+        local, peer, remote, transport = plan
+        if local.location.startswith("cuda") or not isinstance(transport, ShmTransport):
+            return None
+        try:
+            region = transport.region_view(peer, remote)
+        except (OSError, ValueError) as exc:
+            return self._unmappable(peer, exc)
+        mine, local_base, remote_base = local.view, local.address, remote.address
+        return [(mine[source - local_base:source - local_base + length],
+                 region[offset - remote_base:offset - remote_base + length])
+                for source, offset, length in zip(columns.sources, columns.offsets, columns.lengths)]
 
     def _plan_each(self, requests: list[TransferRequest],
                    ) -> Iterator[tuple[int, TransferRequest, tuple | MooncakeError]]:

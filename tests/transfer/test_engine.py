@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transfer.batch import OpCode, Status, TransferRequest, TransferStatus
-from transfer.errors import (AddressNotRegistered, AddressOverlapped, BatchBusy, InvalidArgument,
+from transfer.errors import (AddressNotRegistered, AddressOverlapped, BatchBusy, InvalidArgument, TransferFailed,
                              SegmentNotFound, TooManyRequests)
 from transfer.memory import address_of
 
@@ -315,3 +315,35 @@ def test_tcp_sends_contiguous_small_requests_as_slice_sized_runs_unless_they_car
                                       for i in range(24)])
     assert initiator.wait_batch(batch).status == Status.COMPLETED
     assert np.array_equal(back, data[:24 * block])
+
+
+@pytest.mark.parametrize("opcode", [OpCode.WRITE, OpCode.READ])
+def test_a_batch_within_one_buffer_gets_its_shared_views_and_moves_in_one_pass(make_engine, opcode):
+    """A batch in one local and one peer buffer (a store batch's objects) is planned once: every
+    request still gets its own two views and its bytes land where it said, in either direction,
+    and when the peer's memory is gone every request gets the error."""
+    target, initiator, remote, handle = _pair(make_engine, protocol="shm")
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    local = np.random.default_rng(11).integers(0, 256, 256 * 1024, dtype=np.uint8)
+    remote[:256 * 1024] = np.random.default_rng(12).integers(0, 256, 256 * 1024, dtype=np.uint8)
+    source = initiator.register_local_memory(local)
+    # Scattered on the peer side, in reverse order, of several sizes: no run, one plan.
+    requests = [TransferRequest(opcode, source + i * 8192, handle, base + (31 - i) * 8192 + 7, 1000 + i)
+                for i in range(32)]
+    views = initiator.shared_views(requests)
+    for i, (ours, theirs) in enumerate(views):
+        assert bytes(ours) == local[i * 8192:i * 8192 + 1000 + i].tobytes()
+        assert bytes(theirs) == remote[(31 - i) * 8192 + 7:(31 - i) * 8192 + 1007 + i].tobytes()
+    expected_remote, expected_local = remote.copy(), local.copy()
+    for i in range(32):
+        mine, theirs = slice(i * 8192, i * 8192 + 1000 + i), slice((31 - i) * 8192 + 7, (31 - i) * 8192 + 1007 + i)
+        if opcode == OpCode.WRITE:
+            expected_remote[theirs] = local[mine]
+        else:
+            expected_local[mine] = remote[theirs]
+    assert initiator.transfer_now_many(requests) == [True] * 32
+    assert np.array_equal(remote, expected_remote) and np.array_equal(local, expected_local)
+
+    target.close()
+    outcomes = initiator.shared_views(requests) if opcode == OpCode.READ else initiator.transfer_now_many(requests)
+    assert len(outcomes) == 32 and all(isinstance(o, TransferFailed) and "cannot map" in str(o) for o in outcomes)
