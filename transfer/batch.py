@@ -209,7 +209,7 @@ class Batch:
         """Tasks for ``requests``, or TooManyRequests (and none) beyond the capacity."""
         with self._lock:
             if len(self.tasks) + len(requests) > self.capacity:
-                raise TooManyRequests(f"batch holds {self.capacity} requests; {len(self.tasks)} used, "
+                raise TooManyRequests(f"it holds {self.capacity} requests; {len(self.tasks)} used, "
                                       f"{len(requests)} more submitted")
             tasks = [Task(r, deadline, self) for r in requests]
             self.tasks.extend(tasks)
