@@ -26,6 +26,13 @@ class ReplicaTier(str, enum.Enum):
     DISK = "LOCAL_DISK"  # a file its segment's owner wrote under offload_dir, read through it
 
 
+_MEMORY = ReplicaTier.MEMORY.value
+# ``tuple_of(ReplicaDescriptor, fields)``: a named tuple from every one of its fields, built
+# without the named tuple's own __new__, which is Python code (for the field defaults) and
+# costs about as much again: both ends build one per object of every put and get answer.
+tuple_of = tuple.__new__
+
+
 class ClientStatus(str, enum.Enum):
     OK = "OK"
     NEED_REMOUNT = "NEED_REMOUNT"
@@ -160,7 +167,8 @@ class SegmentState:
     def describe(self, replica: Replica, size: int) -> ReplicaDescriptor:
         s = self.spec
         if replica.in_memory:
-            return ReplicaDescriptor(s.segment_id, s.name, s.endpoint, s.host, replica.address, size)
+            return tuple_of(ReplicaDescriptor, (s.segment_id, s.name, s.endpoint, s.host, replica.address, size,
+                                                 _MEMORY, b""))
         return ReplicaDescriptor(s.segment_id, s.name, s.disk_endpoint, s.host, 0, size, replica.tier.value)
 
 
