@@ -61,9 +61,12 @@ class ReplicateConfig:
     host: str = ""  # the writer's host, for local_first; its own segments count as local anyway
 
 
-@dataclass(frozen=True)
-class ReportedObject:
-    """A complete object a re-mounting client still holds in one of its segments."""
+class ReportedObject(NamedTuple):
+    """A complete object a re-mounting client still holds in one of its segments.
+
+    A named tuple: the segment's owner records one per object completed in its segment as the
+    master's journal reports it (store.segment_owner), on a thread beside its puts, and a frozen
+    dataclass took five times as long to build (1.1 against 0.2 us)."""
 
     key: str
     segment_id: str

@@ -106,7 +106,7 @@ def segment_from_wire(data: Any) -> Segment:
 
 
 def reported_to_wire(report: ReportedObject) -> dict:
-    return dict(report.__dict__)
+    return report._asdict()
 
 
 def reported_from_wire(data: Any) -> ReportedObject:
