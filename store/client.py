@@ -263,7 +263,12 @@ class StoreClient:
             for (i, _), error, digest in zip(in_memory, failed, digests):
                 if error is None:
                     error = self._verify(lists[i], targets[i][0], asked, copied, digest, checksummed)
-                self._settle(i, error, lists, pending, results)
+                if error is None:  # read: its result is its size already
+                    del pending[i]
+                else:
+                    self._settle(i, error, lists, pending, results)
+            if len(in_memory) == len(attempt):
+                continue  # nothing on disk this round
             for i, replica in attempt:
                 if replica.tier != _MEMORY:
                     error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])

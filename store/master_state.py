@@ -37,7 +37,7 @@ from store.grant_quarantine import GrantQuarantine
 from store.eviction import eviction_candidates
 from store.membership import Membership
 from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, ReplicaList,
-                           ReplicaStatus, ReplicateConfig, SegmentState)
+                           ReplicaStatus, ReplicateConfig, SegmentState, tuple_of)
 from store.placement import placement_order
 from store.policy import StorePolicy
 from store.replication import Replication
@@ -210,8 +210,8 @@ class MasterState(Membership, Tiering, Replication, Draining):
             obj.disk_reads += 1
         self.stats.num_leases_granted += 1
         promote = obj.promoting is None and obj.disk_reads >= PROMOTE_AFTER_DISK_READS
-        return ReplicaList(split_key(key)[1], obj.size, self._describe(obj), self.policy.lease_ttl, obj.checksum,
-                           promote)
+        return tuple_of(ReplicaList, (split_key(key)[1], obj.size, self._describe(obj), self.policy.lease_ttl,
+                                      obj.checksum, promote))
 
     def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
         return [_attempt(self.get_replica_list, k, now) for k in keys]

@@ -26,6 +26,13 @@ class ReplicaTier(str, enum.Enum):
     DISK = "LOCAL_DISK"  # a file its segment's owner wrote under offload_dir, read through it
 
 
+_MEMORY = ReplicaTier.MEMORY.value
+# ``tuple_of(ReplicaDescriptor, fields)``: a named tuple from every one of its fields, built
+# without the named tuple's own __new__, which is Python code (for the field defaults) and
+# costs about as much again: both ends build one per object of every put and get answer.
+tuple_of = tuple.__new__
+
+
 class ClientStatus(str, enum.Enum):
     OK = "OK"
     NEED_REMOUNT = "NEED_REMOUNT"
@@ -54,9 +61,12 @@ class ReplicateConfig:
     host: str = ""  # the writer's host, for local_first; its own segments count as local anyway
 
 
-@dataclass(frozen=True)
-class ReportedObject:
-    """A complete object a re-mounting client still holds in one of its segments."""
+class ReportedObject(NamedTuple):
+    """A complete object a re-mounting client still holds in one of its segments.
+
+    A named tuple: the segment's owner records one per object completed in its segment as the
+    master's journal reports it (store.segment_owner), on a thread beside its puts, and a frozen
+    dataclass took five times as long to build (1.1 against 0.2 us)."""
 
     key: str
     segment_id: str
@@ -160,7 +170,8 @@ class SegmentState:
     def describe(self, replica: Replica, size: int) -> ReplicaDescriptor:
         s = self.spec
         if replica.in_memory:
-            return ReplicaDescriptor(s.segment_id, s.name, s.endpoint, s.host, replica.address, size)
+            return tuple_of(ReplicaDescriptor, (s.segment_id, s.name, s.endpoint, s.host, replica.address, size,
+                                                 _MEMORY, b""))
         return ReplicaDescriptor(s.segment_id, s.name, s.disk_endpoint, s.host, 0, size, replica.tier.value)
 
 

@@ -95,13 +95,11 @@ class ReplicaMover:
                 locals_ = self.engine.host_views([moves[n][0] for n in mine], [moves[n][2] for n in mine])
             except MooncakeError:
                 return {}  # an unregistered address: the engine reports it move by move
-        copies: dict[int, Copy] = {}
-        for n, local in zip(mine, locals_):
-            _, replica, size = moves[n]
-            remote = self.owner.view(replica.address, size)
-            if local is not None and remote is not None:  # else GPU memory or a drained segment
-                copies[n] = (local, remote) if opcode == OpCode.READ else (remote, local)
-        return copies
+        remotes = self.owner.views([moves[n][1].address for n in mine], [moves[n][2] for n in mine])
+        reading = opcode == OpCode.READ
+        # Where either side is None: GPU memory, or a drained segment.
+        return {n: (local, remote) if reading else (remote, local)
+                for n, local, remote in zip(mine, locals_, remotes) if local is not None and remote is not None}
 
     def _engine_move(self, requests: list[tuple[int, TransferRequest]],
                      errors: list[MooncakeError | None]) -> None:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import xxhash
 
-from transfer.memory import copy_into
+from transfer.memory import SMALL_COPY, copy_into
 
 CHUNK = 256 * 1024  # fits in L2 with room to spare: the hash reads what the copy just wrote
 # Below this a batch stays on the calling thread. One thread copying and hashing already takes
@@ -80,7 +80,14 @@ class SegmentCopier:
 
 
 def _copy_all(copies: list[Copy], checksum: bool) -> list[int | None]:
-    return [copy_checksummed(target, source, checksum) for target, source in copies]
+    digests: list[int | None] = []
+    for target, source in copies:
+        if source.nbytes <= SMALL_COPY:  # copy_checksummed's work, without two calls per small object
+            target[:] = source
+            digests.append(xxhash.xxh3_64_intdigest(target) if checksum else None)
+        else:
+            digests.append(copy_checksummed(target, source, checksum))
+    return digests
 
 
 def _split(copies: list[Copy], total: int, parts: int) -> list[list[Copy]]:

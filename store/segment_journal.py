@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from store.objects import tuple_of
+
 
 class SegmentChange(NamedTuple):
     """A named tuple: one is made per replica of every PutEnd, where a dataclass cost more. It
@@ -84,5 +86,5 @@ class SegmentJournal:
         log = self._logs.get(segment_id)
         if log is None:  # not setdefault: that would build a _Log on every change
             log = self._logs[segment_id] = _Log()
-        log.changes.append(SegmentChange(log.next_seq, kind, key, address, size, checksum, hard_pinned))
+        log.changes.append(tuple_of(SegmentChange, (log.next_seq, kind, key, address, size, checksum, hard_pinned)))
         log.next_seq += 1

@@ -52,7 +52,7 @@ class SegmentOwner:
         self.engine, self.master = engine, master
         self.offload_all = offload_policy == "all"
         self.buffer = engine.allocate_shared_buffer(size, commit=commit)
-        self._view = memoryview(self.buffer)  # flat bytes: see view()
+        self._view = memoryview(self.buffer)  # flat bytes: see views()
         self.disk: DiskTier | None = None
         self.disk_server: RpcServer | None = None
         if offload_dir:
@@ -73,13 +73,15 @@ class SegmentOwner:
         self.drained = False  # unmounted at the master's word after a drain; the memory is freed
         master.mount_segment(self.segment)
 
-    def view(self, address: int, length: int) -> memoryview | None:
-        """Our segment's bytes at ``address`` (an address the master handed out in it), for
-        copies in this process; None once the segment was drained and its memory freed."""
-        start = address - self.segment.base
-        if self.drained or start < 0 or start + length > self.segment.size:
-            return None
-        return self._view[start:start + length]
+    def views(self, addresses: list[int], lengths: list[int]) -> list[memoryview | None]:
+        """Per range (an address the master handed out in our segment, and a length) our
+        segment's bytes there, for copies in this process; None once the segment was drained and
+        its memory freed. One call per batch of copies, not one per object."""
+        base, size, whole = self.segment.base, self.segment.size, self._view
+        if self.drained:
+            return [None] * len(addresses)
+        return [whole[address - base:address - base + length] if base <= address and address - base + length <= size
+                else None for address, length in zip(addresses, lengths)]
 
     def heartbeat(self, timeout: float) -> str:
         """Ping once; apply the master's news, re-mount, or leave after a drain. Returns the

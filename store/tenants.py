@@ -27,6 +27,8 @@ MAX_TENANT_LENGTH = 128  # bytes; the name travels with every call and prefixes 
 
 def check_tenant(tenant: object) -> str:
     """``tenant`` if it is a valid tenant name, else InvalidParams."""
+    if tenant == DEFAULT_TENANT:  # what nearly every request acts for: its check costs a 4 KiB put ~2%
+        return DEFAULT_TENANT
     if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LENGTH:
         raise InvalidParams(f"a tenant is a name of 1 to {MAX_TENANT_LENGTH} characters, got {tenant!r:.200}")
     if tenant[0] == "_" or not all(" " <= c <= "~" for c in tenant):

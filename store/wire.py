@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from store.errors import InvalidParams, MooncakeError
 from store.objects import (ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject,
-                           Segment)
+                           Segment, tuple_of)
 from transfer.errors import error_from_wire
 
 
@@ -106,7 +106,7 @@ def segment_from_wire(data: Any) -> Segment:
 
 
 def reported_to_wire(report: ReportedObject) -> dict:
-    return dict(report.__dict__)
+    return report._asdict()
 
 
 def reported_from_wire(data: Any) -> ReportedObject:
@@ -129,7 +129,7 @@ def descriptor_from_wire(data: Any) -> ReplicaDescriptor:
             and type(host) is str and type(address) is int and type(size) is int and type(tier) is str
             and type(grant) is bytes):
         raise InvalidParams(f"replica fields have the wrong types: {data!r:.200}")
-    return ReplicaDescriptor(segment_id, segment_name, endpoint, host, address, size, tier, grant)
+    return tuple_of(ReplicaDescriptor, (segment_id, segment_name, endpoint, host, address, size, tier, grant))
 
 
 def replica_list_from_wire(data: Any) -> ReplicaList:
@@ -143,8 +143,8 @@ def replica_list_from_wire(data: Any) -> ReplicaList:
             and type(lease_ttl) in (float, int) and (checksum is None or type(checksum) is int)
             and type(promote) is bool):
         raise InvalidParams(f"replica list fields have the wrong types: {data!r:.200}")
-    return ReplicaList(key, size, [descriptor_from_wire(r) for r in replicas], float(lease_ttl), checksum,
-                       promote)
+    return tuple_of(ReplicaList, (key, size, [descriptor_from_wire(r) for r in replicas], float(lease_ttl),
+                                  checksum, promote))
 
 
 # -- batch answers -------------------------------------------------------------------------------

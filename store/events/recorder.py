@@ -16,6 +16,7 @@ from itertools import groupby
 from typing import NamedTuple
 
 from store.events.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KVEventBatch
+from store.objects import tuple_of
 
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
 
@@ -31,10 +32,10 @@ class EventLog:
         self._pending: list[StoreEvent] = []
 
     def stored(self, key: str, segment_id: str) -> None:
-        self._pending.append(StoreEvent(STORED, key, segment_id))
+        self._pending.append(tuple_of(StoreEvent, (STORED, key, segment_id)))  # every field: see tuple_of
 
     def removed(self, key: str, segment_id: str) -> None:
-        self._pending.append(StoreEvent(REMOVED, key, segment_id))
+        self._pending.append(tuple_of(StoreEvent, (REMOVED, key, segment_id)))  # every field: see tuple_of
 
     def mark(self) -> int:
         """A point to come back to with :meth:`cleared_since`."""

@@ -111,6 +111,26 @@ def test_objects_in_the_own_segment_are_copied_in_process_even_when_forced_over_
         client.unregister_buffer(base)
 
 
+def test_the_own_segment_shows_the_ranges_inside_it_and_none_once_drained(mooncake, monkeypatch):
+    """A batch's copies look their ranges up in the segment at once: a range inside it is its
+    bytes, one reaching outside it is None (the engine moves it, or reports it), and after a drain
+    freed the memory every range is None."""
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir), segment_size=SEGMENT) as client:
+        owner = client.owner
+        base = owner.segment.base
+        inside, last, beyond, before = owner.views([base + 64, base + SEGMENT - 8, base + SEGMENT - 8, base - 1],
+                                                   [128, 8, 9, 4])
+        inside[:] = b"x" * 128
+        assert bytes(owner.views([base + 64], [128])[0]) == b"x" * 128
+        assert last.nbytes == 8 and beyond is None and before is None
+        inside.release()
+        last.release()
+        monkeypatch.setattr(owner, "drained", True)
+        assert owner.views([base, base + 64], [8, 8]) == [None, None]
+        monkeypatch.undo()  # drained for real it would not unmount at close
+
+
 def test_a_get_from_another_processs_segment_verifies_what_it_copied(mooncake, monkeypatch):
     """Objects in a store-client daemon's segment on this host, a batch big enough to be shared
     out among copy threads: read intact; a byte changed there after the put fails that object

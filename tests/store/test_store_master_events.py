@@ -4,10 +4,11 @@ Segments are 1 KiB with 64-byte alignment; client ci owns segment si. Each test 
 events the setup recorded first, then checks what one operation adds.
 """
 
-from master_helpers import mounted, put
+from master_helpers import base, mounted, put
 from store.events.messages import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from store.events.recorder import CLEARED, REMOVED, STORED, StoreEvent, batch_of
 from store.objects import ReplicateConfig
+from store.segment_journal import SegmentChange
 
 
 def drained(m):
@@ -22,6 +23,20 @@ def test_a_put_is_stored_on_each_replica_at_its_end_not_its_start():
     assert drained(m) == [StoreEvent(STORED, "k", "s1"), StoreEvent(STORED, "k", "s2")]
     m.put_end("c1", "k", 0.2)  # a retried end changes nothing
     assert drained(m) == []
+
+
+def test_a_put_end_records_named_tuples_field_for_field():
+    """Events and journal changes are built from all their fields (store.objects.tuple_of): each
+    must be what its constructor makes, so a field added later cannot go missing."""
+    m = mounted(1)
+    drained(m)
+    m.put_start("c1", "k", 64, 0.0)
+    m.put_end("c1", "k", 0.1, checksum=7)
+    events = drained(m)
+    assert events == [StoreEvent(STORED, "k", "s1")] and type(events[0]) is StoreEvent
+    changes = m.journal.since("s1", 0)
+    assert changes[-1] == SegmentChange(changes[-1].seq, "complete", "k", base(1), 64, 7, False)
+    assert type(changes[-1]) is SegmentChange and len(changes[-1]) == len(SegmentChange._fields)
 
 
 def test_batch_put_end_records_every_key_and_a_revoke_records_nothing():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from master_helpers import mounted, put
+from master_helpers import base, mounted, put
 from store.errors import ObjectHasLease, ObjectNotFound, ReplicaIsNotReady
-from store.objects import ReplicateConfig
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig
 
 
 def test_a_get_grants_a_lease_that_blocks_remove_until_it_ends():
@@ -16,6 +16,18 @@ def test_a_get_grants_a_lease_that_blocks_remove_until_it_ends():
     assert info.value.code == -706
     m.remove("k", now=11.0)  # the lease ended at 1 + 10
     assert not m.exists("k") and m.used_bytes == 0 and m.stats.num_removed == 1
+
+
+def test_a_put_and_a_get_describe_the_replica_field_for_field():
+    """The master builds its answers from every field (store.objects.tuple_of): each must be the
+    named tuple its constructor makes, defaults included, so a field added later cannot go missing."""
+    m = mounted(1, lease_ttl=10.0)
+    replica = ReplicaDescriptor("s1", "seg1", "ep1", "h1", base(1), 64)
+    assert put(m, "k", 64, now=0.0) == [replica]
+    answer = m.get_replica_list("k", now=1.0)
+    assert answer == ReplicaList("k", 64, [replica], 10.0, None, False)
+    assert type(answer) is ReplicaList and type(answer.replicas[0]) is ReplicaDescriptor
+    assert len(answer) == len(ReplicaList._fields) and len(answer.replicas[0]) == len(ReplicaDescriptor._fields)
 
 
 def test_leases_only_grow_and_a_forced_remove_ignores_them():

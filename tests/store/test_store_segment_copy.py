@@ -36,3 +36,19 @@ def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypa
         copier.close()
     assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
     assert [bytes(t) for t in targets] == sources
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_batch_on_the_calling_thread_copies_small_and_large_objects_alike(checksum):
+    """Objects up to SMALL_COPY are copied inline, bigger ones in hashed pieces: both land whole,
+    each digest in its object's place (None without checksums)."""
+    sizes = [segment_copy.SMALL_COPY, 1, segment_copy.SMALL_COPY + 1, 4096, CHUNK + 3]
+    sources = [os.urandom(n) for n in sizes]
+    targets = [memoryview(bytearray(n)) for n in sizes]
+    copier = SegmentCopier(threads=1)
+    try:
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=checksum)
+    finally:
+        copier.close()
+    assert digests == [xxhash.xxh3_64_intdigest(s) if checksum else None for s in sources]
+    assert [bytes(t) for t in targets] == sources

@@ -25,7 +25,12 @@ def test_a_batch_of_replica_lists_comes_back_as_it_was_put_on_the_wire():
     disk = ReplicaDescriptor("s2", "seg-2", "tcp://h:2", "h", 0, 100, "LOCAL_DISK")
     lists = [ReplicaList("a", 100, [memory, disk], 5.0, 123, False),
              ReplicaList("b", 100, [memory], 5.0, None, True)]
-    assert batch_from_wire(_over_the_wire(batch_to_wire(lists)), replica_list_from_wire) == lists
+    decoded = batch_from_wire(_over_the_wire(batch_to_wire(lists)), replica_list_from_wire)
+    assert decoded == lists
+    # The named tuples themselves (equality alone would take plain tuples), with the fields' names.
+    assert all(type(d) is ReplicaList for d in decoded)
+    assert all(type(r) is ReplicaDescriptor for d in decoded for r in d.replicas)
+    assert decoded[0].replicas[1].tier == "LOCAL_DISK" and decoded[1].promote
 
 
 @pytest.mark.parametrize("bad", [
