@@ -36,9 +36,10 @@ def store(
     segment belongs to this benchmarking process. With --master (an address or etcd://...) the
     running cluster of that master is measured and no cluster is started.
 
-    Segments are committed when mounted (--segment-prefault, the default), so no cell pays the
-    page faults of memory written for the first time; with --no-segment-prefault the first cell
-    that walks fresh pool memory measures them too."""
+    Each cell runs its puts once untimed and removes them before its timed puts, so these write
+    pool memory written once before, as a serving store's is: neither the page faults of memory
+    never written (--no-segment-prefault) nor this VM's cost of touching memory idle since the
+    segment was committed is counted as the store's speed."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
