@@ -65,7 +65,7 @@ class TransferStatus:
 
 
 class Task:
-    __slots__ = ("request", "deadline", "_batch", "_lock", "_remaining", "_transferred", "_failed", "_ended")
+    __slots__ = ("request", "deadline", "_batch", "_lock", "_remaining", "_transferred", "_failed")
 
     def __init__(self, request: TransferRequest, deadline: float, batch: Batch) -> None:
         self.request = request
@@ -75,7 +75,6 @@ class Task:
         self._remaining = 1  # slices not yet landed: most requests are one (see expect)
         self._transferred = 0
         self._failed: str | None = None
-        self._ended = False
 
     def expect(self, num_slices: int) -> None:
         self._remaining = num_slices
@@ -85,13 +84,12 @@ class Task:
             self._batch.tasks_ended(1, self._transferred)
 
     def _land(self, length: int) -> bool:
-        """Count a landed slice; whether that ended the task."""
+        """Count a landed slice; whether that ended the task (its last slice, and not failed
+        before: a failure ended it already)."""
         with self._lock:  # the bytes first: a reader without the lock takes _remaining == 0 as final
             self._transferred += length
             self._remaining -= 1
-            ends = self._remaining == 0 and not self._ended
-            self._ended |= ends
-        return ends
+            return self._remaining == 0 and self._failed is None
 
     @staticmethod
     def land_whole(tasks: tuple[Task, ...]) -> None:
@@ -100,10 +98,9 @@ class Task:
         slice has no other slice to race with, and that slice reports once."""
         ended = moved = 0
         for task in tasks:
-            if not task._ended:
+            if not task.finished:
                 task._transferred = length = task.request.length
                 task._remaining = 0  # after the bytes: see _land
-                task._ended = True
                 ended += 1
                 moved += length
         if ended:
@@ -114,8 +111,7 @@ class Task:
             if self._failed is not None:
                 return
             self._failed = reason
-            ends = not self._ended
-            self._ended = True
+            ends = self._remaining != 0  # else its slices all landed: it ended then
         self._batch.task_failed(self._transferred if ends else 0, counted=not ends)
 
     @property
