@@ -11,15 +11,17 @@ from rich.table import Table
 from mooncake_cli.options import Config, settings_options
 from mooncake_cli.output import JSON_HELP, emit, fail, fail_on, stderr
 from scheduler.config import POLICIES
+from scheduler.sim.trace import CONVERSATION_TRACE
 from transfer.errors import MooncakeError
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = CONVERSATION_TRACE
 
 
 @settings_options("cluster", "request_timeout", "rpc_timeout", "master")
 def serve(
     trace: Path = typer.Option(DEFAULT_TRACE, help="Trace file (JSONL: timestamp ms, input_length, "
-                               "output_length, hash_ids)."),
+                               "output_length, hash_ids; xz-compressed if its name ends in .xz). The "
+                               "default is the paper's conversation trace, shipped with the package."),
     requests: int = typer.Option(200, min=1, help="Requests from the start of the trace (with --min-turns, "
                                  "from the start of those conversations)."),
     min_turns: int = typer.Option(1, "--min-turns", min=1, help="Keep only the requests of conversations "

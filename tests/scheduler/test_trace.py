@@ -1,14 +1,13 @@
 """Trace parsing, the capacity sweep, and the one check on the real conversation trace."""
 
-from pathlib import Path
 
 import pytest
 
 from scheduler.errors import TraceFormatError
 from scheduler.sim.sweep import capacity_sweep, hit_rate
-from scheduler.sim.trace import TraceRequest, load_trace, multi_turn, parse_trace
+from scheduler.sim.trace import CONVERSATION_TRACE, TraceRequest, load_trace, multi_turn, parse_trace
 
-REAL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+REAL_TRACE = CONVERSATION_TRACE
 
 
 def test_parse_scales_timestamps_and_rejects_bad_lines():

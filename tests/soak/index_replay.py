@@ -2,7 +2,7 @@
 
 Starts a single-host cluster whose store segments are small enough that the master evicts
 prefix blocks within seconds and whose index bound (``index_max_blocks``) is below what the
-segments can hold, replays multi-turn conversations of ../shared/traces/conversation_trace.jsonl
+segments can hold, replays multi-turn conversations of the paper's conversation trace (scheduler/sim/traces)
 in a loop for ``--duration`` seconds, and every ``--every`` seconds compares the conductor's index
 (``conductor.index``) with the master's own view (``store.kv_snapshot``):
 
@@ -35,11 +35,11 @@ from daemons.serving.client import stream_completion
 from daemons.serving.errors import ServingError
 from daemons.serving.kv_events import block_of
 from scheduler.block_hash import format_key, prefix_block_keys
-from scheduler.sim.trace import load_trace, multi_turn
+from scheduler.sim.trace import CONVERSATION_TRACE, load_trace, multi_turn
 from transfer.auth import read_secret_file, secret_file
 from transfer.rpc.client_server import RpcClient
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = CONVERSATION_TRACE
 BLOCK_TOKENS = 32
 PAUSE_S = 0.1  # between one loop's requests: the soak checks correctness, it leaves CPU to others
 MAX_QUERY = 1024  # conductor.index answers holders for at most this many blocks per call
