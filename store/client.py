@@ -30,6 +30,7 @@ from typing import Any
 import xxhash
 
 from store.disk_reader import DiskReader
+from store.held_leases import HeldLeases
 from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, MooncakeError, ObjectNotFound
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
@@ -45,6 +46,7 @@ from transfer.settings import Config, resolve
 
 
 _MEMORY = ReplicaTier.MEMORY.value  # a descriptor's tier, compared per replica read
+HELD_LEASES = 1 << 16  # replica lists kept for reuse (store.held_leases), about 20 MB at most
 
 
 def checksum_of(view: Any) -> int:
@@ -70,6 +72,7 @@ class StoreClient:
         self.disk = DiskReader(self.engine, self.config.rpc_timeout)
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self.stats = ClientStats()
+        self.held_leases = HeldLeases(HELD_LEASES)
         self._stop = threading.Event()
         self._pinger: threading.Thread | None = None
         try:
@@ -214,33 +217,74 @@ class StoreClient:
         return result
 
     def batch_get(self, keys: list[str]) -> list[bytearray | MooncakeError]:
-        asked = time.monotonic()
-        lists = self.master.batch_get_replica_list(keys)
-        buffers: list[bytearray | None] = []
-        for item in lists:
-            buffers.append(None if isinstance(item, MooncakeError) else bytearray(item.size))
-        targets = [(i, b) for i, b in enumerate(buffers) if b is not None]
-        addresses = {i: self.register_buffer(b) for i, b in targets if len(b)}
-        try:
-            sizes = self._read(lists, {i: (addresses[i], len(buffers[i])) for i in addresses}, asked)
-        finally:
-            for address in addresses.values():
-                self.unregister_buffer(address)
-        return [s if isinstance(s, MooncakeError) else buffers[i] for i, s in enumerate(sizes)]
+        buffers: dict[int, bytearray] = {}
+
+        def read(indexes: list[int], lists: list, asked: list[float]) -> list[int | MooncakeError]:
+            targets: dict[int, bytearray] = {}
+            for n, (i, item) in enumerate(zip(indexes, lists)):
+                if not isinstance(item, MooncakeError):
+                    targets[n] = buffers[i] = bytearray(item.size)
+            addresses = {n: self.register_buffer(b) for n, b in targets.items() if len(b)}
+            try:
+                return self._read(lists, {n: (addresses[n], len(targets[n])) for n in addresses}, asked)
+            finally:
+                for address in addresses.values():
+                    self.unregister_buffer(address)
+
+        results = self._get(keys, read)
+        return [s if isinstance(s, MooncakeError) else buffers[i] for i, s in enumerate(results)]
 
     def batch_get_into(self, keys: list[str], addresses: list[int], capacities: list[int],
                        segments: list[str | None] | None = None) -> list[int | MooncakeError]:
         """``segments``: per key the segment id to read it from, None for any replica; a key
         with no replica on its segment fails with ObjectNotFound (a prefill worker reading its
         own cache, or pulling a prefix from the instance the conductor chose)."""
-        asked = time.monotonic()
-        lists = self.master.batch_get_replica_list(keys)
-        if segments is not None:
-            lists = [_on_segment(item, segment) for item, segment in zip(lists, segments)]
-        return self._read(lists, {i: (a, c) for i, (a, c) in enumerate(zip(addresses, capacities))}, asked)
 
-    def _read(self, lists: list, targets: dict[int, tuple[int, int]], asked: float) -> list[int | MooncakeError]:
-        """Read each found object from its best replica, falling back replica by replica."""
+        def read(indexes: list[int], lists: list, asked: list[float]) -> list[int | MooncakeError]:
+            if segments is not None:
+                lists = [_on_segment(item, segments[i]) for i, item in zip(indexes, lists)]
+            return self._read(lists, {n: (addresses[i], capacities[i]) for n, i in enumerate(indexes)}, asked)
+
+        return self._get(keys, read)
+
+    def _get(self, keys: list[str], read) -> list[int | MooncakeError]:
+        """Find each key's replicas (reusing a lease this client still holds: store.held_leases,
+        else asking the master) and ``read(indexes, replica lists, when each lease was asked
+        for)``; a read through a reused lease that failed is asked of the master and read again."""
+        now = time.monotonic()
+        # Only a client that verifies what it reads may skip the master: see store.held_leases.
+        reusing = self.config.reuse_read_leases and self.config.checksum
+        held = self.held_leases.reusable(keys, now) if reusing else [None] * len(keys)
+        reused = [i for i, entry in enumerate(held) if entry is not None]
+        lists: list = [None] * len(keys)
+        asked = [now] * len(keys)
+        for i in reused:
+            lists[i], asked[i] = held[i]  # type: ignore[misc]
+        missing = [i for i, entry in enumerate(held) if entry is None]
+        if missing:
+            answers = self.master.batch_get_replica_list(keys if not reused else [keys[i] for i in missing])
+            for i, item in zip(missing, answers):
+                lists[i] = item
+        results = read(list(range(len(keys))), lists, asked)
+        again = [i for i in reused if isinstance(results[i], MooncakeError)]
+        if again:  # not where the held list says (removed by force, moved, segment gone): ask
+            self.held_leases.forget([keys[i] for i in again])
+            retried = time.monotonic()
+            answers = self.master.batch_get_replica_list([keys[i] for i in again])
+            for i, item, result in zip(again, answers, read(again, answers, [retried] * len(again))):
+                lists[i], asked[i], results[i] = item, retried, result
+            reused = sorted(set(reused).difference(again))
+        if reusing:
+            fresh = set(range(len(keys))).difference(reused)
+            self.held_leases.hold([(keys[i], lists[i], asked[i]) for i in fresh
+                                   if not isinstance(results[i], MooncakeError)], time.monotonic())
+        self.stats.record_gets(results, len(reused))
+        return results
+
+    def _read(self, lists: list, targets: dict[int, tuple[int, int]],
+              asked: list[float]) -> list[int | MooncakeError]:
+        """Read each found object from its best replica, falling back replica by replica;
+        ``asked``: per object when its lease was asked for."""
         results: list[int | MooncakeError] = []
         pending: dict[int, list[ReplicaDescriptor]] = {}  # per object still to read, its replicas left
         for i, item in enumerate(lists):
@@ -262,7 +306,7 @@ class StoreClient:
                 self._digest_read(lists, targets, in_memory, failed, digests)
             for (i, _), error, digest in zip(in_memory, failed, digests):
                 if error is None:
-                    error = self._verify(lists[i], targets[i][0], asked, copied, digest, checksummed)
+                    error = self._verify(lists[i], targets[i][0], asked[i], copied, digest, checksummed)
                 if error is None:  # read: its result is its size already
                     del pending[i]
                 else:
@@ -273,11 +317,10 @@ class StoreClient:
                 if replica.tier != _MEMORY:
                     error = self.disk.read(scoped_key(self.master.tenant, lists[i].key), replica, targets[i][0])
                     if error is None:
-                        error = self._verify(lists[i], targets[i][0], asked, time.monotonic(), None, checksummed)
+                        error = self._verify(lists[i], targets[i][0], asked[i], time.monotonic(), None, checksummed)
                     if error is None and lists[i].promote:
                         self._promote(lists[i], targets[i][0])
                     self._settle(i, error, lists, pending, results)
-        self.stats.record_gets(results)
         return results
 
     @staticmethod
@@ -371,6 +414,7 @@ class StoreClient:
     def _end_copy(self, key: str, sources: list[ReplicaDescriptor], targets: list[ReplicaDescriptor],
                   checksum: int | None, drop_segment: str) -> None:
         """Write a started copy's targets and end it, or revoke it on any failure."""
+        self.held_leases.forget([key])  # its replicas change: the next get asks where they are
         try:
             if targets:
                 error = self._copy_through(sources, targets, checksum)
@@ -393,6 +437,7 @@ class StoreClient:
         object. Each copy is the master's copy_start/copy_end, so it is a real replica."""
         if not len(keys) == len(addresses) == len(sizes):
             raise InvalidParams("keys, addresses and sizes must have the same length")
+        self.held_leases.forget(keys)  # their replicas change: the next get asks where they are
         return [self._copy_from(key, address, size, segment_id)
                 for key, address, size in zip(keys, addresses, sizes)]
 
@@ -453,13 +498,16 @@ class StoreClient:
         return self.master.batch_exists(keys)
 
     def remove(self, key: str, force: bool = False) -> None:
+        self.held_leases.forget([key])
         self.master.remove(key, force)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list:
+        self.held_leases.forget(keys)
         return self.master.batch_remove(keys, force)
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this client's tenant (leased ones only when forced)."""
+        self.held_leases.clear()
         return self.master.remove_all(force)
 
     def get_replicas(self, key: str) -> ReplicaList:

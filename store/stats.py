@@ -46,6 +46,7 @@ class ClientStats:
     num_gets: int = 0
     num_get_errors: int = 0
     num_get_bytes: int = 0
+    num_lease_reuses: int = 0  # of num_gets, those read through a lease held from an earlier get
     # Several threads of a worker share one client; += on an attribute is not atomic.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -57,10 +58,12 @@ class ClientStats:
             self.num_put_bytes += sum(stored)
             self.num_put_errors += len(errors) - len(stored)
 
-    def record_gets(self, results: list) -> None:
-        """``results``: per key the bytes read, or its error."""
+    def record_gets(self, results: list, lease_reuses: int = 0) -> None:
+        """``results``: per key the bytes read, or its error; ``lease_reuses``: how many of them
+        were read without asking the master (store.held_leases)."""
         read = [result for result in results if isinstance(result, int)]
         with self.lock:
+            self.num_lease_reuses += lease_reuses
             self.num_gets += len(read)
             self.num_get_bytes += sum(read)
             self.num_get_errors += len(results) - len(read)

@@ -340,6 +340,12 @@ SETTINGS: tuple[Setting, ...] = (
        "batches into calls of this size.", minimum=1),
     _s("store", "lease_ttl", "duration", 10.0,
        "Read lease a get is granted: the object is not removed or evicted before it ends."),
+    _s("store", "reuse_read_leases", "bool", True,
+       "A get of a key this client read (and verified) less than half a lease_ttl ago reads "
+       "through that get's replica list and lease instead of asking the master, which keeps the "
+       "object unchanged until the lease ends; the bytes are checksum-verified as always, a "
+       "failed reuse asks the master again, and a forced remove by another client is seen when "
+       "that half lease ends. Needs the checksum setting on."),
     _s("store", "soft_pin_ttl", "duration", 30 * 60.0,
        "Default lifetime of a soft pin (counted from when the object completes)."),
     _s("store", "max_soft_pin_ttl", "duration", 24 * 3600.0,

@@ -21,6 +21,9 @@ def client_families(client: StoreClient) -> Iterator[Any]:
     yield counter("mooncake_store_client_get_errors_total", "Keys whose read by this daemon failed (missing too)",
                   stats["num_get_errors"])
     yield counter("mooncake_transfer_read_bytes", "Bytes this daemon's store client read", stats["num_get_bytes"])
+    yield counter("mooncake_store_client_lease_reuses_total",
+                  "Of its reads, those made through a read lease held from an earlier get, without "
+                  "asking the master", stats["num_lease_reuses"])
     owner = client.owner
     if owner is None:
         return

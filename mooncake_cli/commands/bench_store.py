@@ -15,8 +15,8 @@ from transfer.settings import SIZE_UNITS_HELP, parse_size
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "segment_size", "segment_prefault", "master",
-                  "cluster_id")
+@settings_options("cluster", "rpc", "transfer", "checksum", "reuse_read_leases", "segment_size",
+                  "segment_prefault", "master", "cluster_id")
 def store(
     sizes: str = typer.Option(",".join(SIZES), help=f"Comma-separated value sizes. {SIZE_UNITS_HELP}"),
     batch: int = typer.Option(32, min=1, help="Objects per batch call."),
@@ -39,7 +39,9 @@ def store(
     Each cell runs its puts once untimed and removes them before its timed puts, so these write
     pool memory written once before, as a serving store's is: neither the page faults of memory
     never written (--no-segment-prefault) nor this VM's cost of touching memory idle since the
-    segment was committed is counted as the store's speed."""
+    segment was committed is counted as the store's speed. The gets cycle over the keys the
+    puts wrote: a key read again within half a lease_ttl is read through the lease its last get
+    was granted, without asking the master (--no-reuse-read-leases: every get asks)."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths

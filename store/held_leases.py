@@ -1,0 +1,92 @@
+"""Read leases a store client still holds, so that reading a key again need not ask the master.
+
+A get is granted a read lease of ``lease_ttl`` (counted from no earlier than when the client
+asked): until it ends the master neither removes (unless forced), overwrites nor evicts the
+object, and an upsert of it is refused. So while a lease it was granted still has time left,
+the replica list that came with it still says where those very bytes are, and a second read
+can go straight to them: no round trip, the master's CPU left to others.
+
+What keeps that honest:
+- a list is kept only once a read through it was verified against the object's checksum, and
+  only while every replica is in memory (a disk read may promote the object, which the master
+  must hear of); every reuse verifies the checksum again, so a reuse never returns bytes other
+  than those put, whatever happened to the range (a forced remove, a segment that left);
+- it is reused only in the first half of the lease (``REUSE_SHARE``): the read must finish
+  before the lease ends, which the client checks as for any read (LeaseExpired);
+- a reuse that fails in any way is dropped and the key asked of the master again, in the same
+  call; this client's own removes drop the keys they name (all of them for remove_all).
+What a reuse does not see: a forced remove by another client, or the loss of the segment,
+during that half lease: the reader gets the object's (verified) bytes, as a read that started
+just before it would. The master's LRU and lease counters see one get per lease, not per read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from store.objects import ReplicaList, ReplicaTier
+
+REUSE_SHARE = 0.5  # of the lease: the rest is left for the read itself
+_MEMORY = ReplicaTier.MEMORY.value
+
+
+class HeldLeases:
+    def __init__(self, capacity: int) -> None:
+        """``capacity``: most replica lists kept (the oldest leases go first)."""
+        self.capacity = capacity
+        # key -> (replica list, when its lease was asked for), in the order they were asked for
+        self._held: OrderedDict[str, tuple[ReplicaList, float]] = OrderedDict()
+        self._lock = threading.Lock()  # several threads may share one client
+
+    def reusable(self, keys: list[str], now: float) -> list[tuple[ReplicaList, float] | None]:
+        """Per key its (replica list, when its lease was asked for) if it may be read again now."""
+        held = self._held
+        if not held:
+            return [None] * len(keys)
+        found: list[tuple[ReplicaList, float] | None] = []
+        with self._lock:
+            for key in keys:
+                entry = held.get(key)
+                if entry is not None and not now < _reuse_until(entry):
+                    del held[key]
+                    entry = None
+                found.append(entry)
+        return found
+
+    def hold(self, replicas: list[tuple[str, ReplicaList, float]], now: float) -> None:
+        """Keep (key, replica list, when its lease was asked for) of reads just verified."""
+        with self._lock:
+            held = self._held
+            for key, item, asked in replicas:
+                if item.checksum is None or item.promote:
+                    continue
+                for replica in item.replicas:
+                    if replica.tier != _MEMORY:
+                        break
+                else:
+                    if key in held:  # asked again meanwhile: it moves to the young end
+                        del held[key]
+                    held[key] = (item, asked)
+            while len(held) > self.capacity:
+                held.popitem(last=False)
+            while held and not now < _reuse_until(next(iter(held.values()))):
+                held.popitem(last=False)
+
+    def forget(self, keys: list[str]) -> None:
+        if self._held:
+            with self._lock:
+                for key in keys:
+                    self._held.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def _reuse_until(entry: tuple[ReplicaList, float]) -> float:
+    item, asked = entry
+    return asked + item.lease_ttl * REUSE_SHARE
