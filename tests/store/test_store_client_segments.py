@@ -176,3 +176,20 @@ def test_a_put_copied_into_two_mapped_segments_is_read_intact_from_either(moonca
             assert client.batch_get_into(["two"], [base], [len(value)], segments=[segment]) == [len(value)]
             assert bytes(memory) == value
         client.unregister_buffer(base)
+
+
+def test_reads_over_tcp_up_to_four_mib_run_on_the_callers_thread(mooncake):
+    """A read of a few MiB over TCP needs no engine batch (its connection threads and their
+    hand-offs): the engine splits it over two links of the calling thread; writes of more than
+    1 MiB still go as a batch."""
+    mooncake.json("up", env=FAST)
+    with client_for(mooncake.workdir, transfer_protocol="tcp") as client:
+        value = value_for("three", 3 << 20)
+        client.put("three", value, replicas=1)
+        batches = []
+        allocate = client.engine.allocate_batch_id
+        client.engine.allocate_batch_id = lambda capacity: batches.append(capacity) or allocate(capacity)
+        assert bytes(client.get("three")) == value
+        assert batches == []
+        client.put("again", value, replicas=1)
+        assert batches == [1]

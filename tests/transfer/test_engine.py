@@ -197,6 +197,47 @@ def test_transfer_now_many_moves_tcp_requests_on_the_callers_thread(make_engine)
     assert (remote[:4096] == 1).all()
 
 
+def test_a_large_read_on_the_callers_thread_is_split_over_two_links(make_engine):
+    """Reads of STRIPE_BYTES or more go as halves over two of the thread's links: every byte
+    lands where its request said, each request keeps its own outcome (a half the target
+    refuses fails the request it belongs to), and writes stay on one link."""
+    from transfer.tcp import transport as tcp
+
+    target, initiator, remote, handle = _pair(make_engine, protocol="tcp")
+    remote[:] = np.random.default_rng(3).integers(0, 256, len(remote), dtype=np.uint8)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    back = np.zeros(3 * MiB, np.uint8)
+    into = initiator.register_local_memory(back)
+    sizes = [MiB + 4097, 300 * 1024, MiB]
+    offsets = [0, sizes[0], sizes[0] + sizes[1]]
+    requests = [TransferRequest(OpCode.READ, into + offset, handle, base + 2 * offset + 8, size)
+                for offset, size in zip(offsets, sizes)]
+    links = initiator.transports[0]._links  # the TCP transport's, per (thread, peer, NIC, stripe)
+    assert initiator.transfer_now_many(requests) == [True] * 3
+    for offset, size in zip(offsets, sizes):
+        assert np.array_equal(back[offset:offset + size], remote[2 * offset + 8:2 * offset + 8 + size])
+    assert sorted(key[-1] for key in links) == [0, 1]
+
+    # A buffer the target dropped after the initiator learnt of it: its read is refused there.
+    dropped = np.zeros(MiB, np.uint8)
+    dropped_at = target.register_local_memory(dropped)
+    initiator.sync_segment_cache(target.name)
+    target.unregister_local_memory(dropped_at, update_metadata=False)
+    outcomes = initiator.transfer_now_many([TransferRequest(OpCode.READ, into + MiB, handle, base, MiB),
+                                            TransferRequest(OpCode.READ, into, handle, dropped_at, MiB)])
+    assert outcomes[0] is True and isinstance(outcomes[1], TransferFailed)
+    assert np.array_equal(back[MiB:2 * MiB], remote[:MiB])
+
+    moves = [(OpCode.READ, memoryview(back)[:MiB], base, b""), (OpCode.READ, memoryview(back)[MiB:MiB + 10], base, b"")]
+    parts = tcp._stripes(moves, 2)
+    half = (MiB + 10) // 2
+    assert [sum(len(m[1]) for m in part) for part in parts] == [half, half]
+    assert parts[1][0][2] == base + half  # the cut move's second piece goes on where the first ended
+    assert tcp._joined(moves, parts, [[0], [0, -7]]) == [0, -7]
+    writes = [(OpCode.WRITE, memoryview(back)[:2 * MiB], base, b"")]
+    assert tcp._stripes(writes, 2) == [writes]
+
+
 def test_shm_copies_requests_that_continue_each_other_as_one_run(make_engine, monkeypatch):
     """A batch of small contiguous requests becomes a few large copies; requests that do not
     continue the previous one (a gap, the other local buffer, the other direction) start a new

@@ -6,6 +6,8 @@ inline link is used by one thread alone, so that thread sends the request group 
 response frames itself: only the target's thread wakes in between. The kernel's send and
 receive timeouts are the slice timeout, so a peer that stops answering ends the call with a
 timeout instead of a hang (a Python socket timeout would add a poll() before every call).
+A large read can be split over several links of the thread (:meth:`InlineLink.move_striped`):
+the target serves each on a thread of its own, so they fill their sockets at once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 from transfer.batch import OpCode
 from transfer.descriptor import Endpoint, SegmentDescriptor
@@ -53,18 +57,26 @@ class InlineLink:
         """Move each (opcode, local, remote address, grant); the target's status per move (0: done).
         Groups go one at a time: the target sends READ data only after reading a whole group,
         so a second group in flight could fill both directions' buffers at once."""
+        with self._in_use():
+            statuses: list[int] = []
+            for first in range(0, len(moves), MAX_GROUP):
+                group = moves[first:first + MAX_GROUP]
+                self._send_group(group)
+                statuses.extend(self._read_group(group))
+            return statuses
+
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        """Marks the link busy for :meth:`close`; any error closes it: frames of an unfinished
+        group may still arrive, and read by the next call they would be taken for its own (slice
+        ids restart at 0 in every group)."""
         with self._lock:
             if self._closed:
                 raise ConnectionError("link was closed")
             self._busy = True
         try:
-            statuses: list[int] = []
-            for first in range(0, len(moves), MAX_GROUP):
-                statuses.extend(self._move_group(moves[first:first + MAX_GROUP]))
-            return statuses
+            yield
         except BaseException as exc:
-            # Frames of an unfinished group may still arrive; read by the next call, they
-            # would be taken for its own (slice ids restart at 0 in every group).
             with self._lock:
                 self._closed = True
             if isinstance(exc, BlockingIOError):  # the kernel's send or receive timeout ran out
@@ -76,10 +88,12 @@ class InlineLink:
                 if self._closed:
                     self._sock.close()
 
-    def _move_group(self, group: list[Move]) -> list[int]:
+    def _send_group(self, group: list[Move]) -> None:
         grants = b"".join({move[3]: None for move in group}) if self._sends_grants else b""
         send_all(self._sock, request_group(((op, n, address, local)
                                             for n, (op, local, address, _) in enumerate(group)), grants))
+
+    def _read_group(self, group: list[Move]) -> list[int]:
         statuses: list[int | None] = [None] * len(group)
         waiting = len(group)
 
@@ -94,6 +108,20 @@ class InlineLink:
                 statuses[n] = status
                 waiting -= 1
         return statuses  # type: ignore[return-value]
+
+    @staticmethod
+    def move_striped(links: list[InlineLink], parts: list[list[Move]]) -> list[list[int]]:
+        """Each part (at most MAX_GROUP moves) on its own link to the same peer, every group sent
+        before any answer is read: the target serves each connection on a thread of its own, so
+        one transfer is copied into the sockets by several threads at once while this thread
+        drains them in turn (a 1 MiB READ over loopback, halves on two connections: ~300 us
+        against ~470 on one, /tmp/s21/sf5.py). Statuses per part; an error closes every link."""
+        with ExitStack() as in_use:
+            for link in links:
+                in_use.enter_context(link._in_use())
+            for link, part in zip(links, parts):
+                link._send_group(part)
+            return [link._read_group(part) for link, part in zip(links, parts)]
 
     @property
     def closed(self) -> bool:
@@ -114,3 +142,4 @@ class InlineLink:
                 pass
         else:
             self._sock.close()
+
