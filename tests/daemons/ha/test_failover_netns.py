@@ -79,6 +79,11 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         cluster.spawn("master", "master-b", on(ns_b), bind_host=ip_b)
         cluster.spawn("store-client", "store-client-c", on(ns_c), bind_host=ip_c)
         cluster.spawn("store-client", "store-client-d", on(ns_d), bind_host=ip_d)
+        # Both segments mounted before any put (a client announces itself once set up): on a
+        # loaded host C could still be starting when the puts ran, and hold none of them.
+        announced = lambda name: read_json(cluster.root / name / "run" / f"{name}.json")  # noqa: E731
+        wait_until(lambda: announced("store-client-c") and announced("store-client-d"), 30,
+                   "both store clients announced", step=0.1)
         driver = subprocess.Popen([*on(ns_d), sys.executable, str(Path(__file__).with_name("ns_driver.py")),
                                    settings["master"], ip_d, str(cluster.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, cwd=Path(__file__).resolve().parents[3],
@@ -103,8 +108,7 @@ def test_failover_and_partition_across_namespaces(hosts, tmp_path):
         # re-registered and heard of every object in its segment, and B drops the ones it never
         # heard of for good once C is silent for the TTL: after the partition only what an owner
         # holds a record of comes back, so wait until the owners together know all N (+ the put).
-        owners = ",".join(read_json(cluster.root / name / "run" / f"{name}.json")["address"]
-                          for name in ("store-client-c", "store-client-d"))
+        owners = ",".join(announced(name)["address"] for name in ("store-client-c", "store-client-d"))
         wait_until(lambda: ask(f"owned {owners}")["objects"] == N + 1, 15, "the owners hearing of every object",
                    step=0.3)
 
