@@ -38,6 +38,8 @@ class Cell:
     seconds: float
     p50_us: float  # per call: one object (single) or one batch
     p99_us: float
+    # Of a get cell's ops, those read through a lease held from an earlier get (no master call).
+    lease_reuses: int = 0
 
     @property
     def gbps(self) -> float:
@@ -84,9 +86,11 @@ def run_size(client: StoreClient, topology: str, segment_id: str, size: int, bat
             put_cell, written = _measure(groups, duration, put)
             cells.append(Cell(topology, "put", mode, size, n, *put_cell))
             readable = groups[:written] or groups[:1]
+            reused = client.stats.as_dict()["num_lease_reuses"]
             get_cell, _ = _measure(itertools.islice(itertools.cycle(readable), 10**9), duration,
                                    lambda g: client.batch_get_into(g, sinks[:len(g)], [size] * len(g)))  # noqa: B023
-            cells.append(Cell(topology, "get", mode, size, n, *get_cell))
+            reused = client.stats.as_dict()["num_lease_reuses"] - reused
+            cells.append(Cell(topology, "get", mode, size, n, *get_cell, lease_reuses=reused))
             if not np.array_equal(sink[:size], source[:size]):
                 raise AssertionError("a get returned bytes that differ from what was put")
             client.batch_remove([key for group in groups[:written] for key in group], force=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from store.objects import ReplicaList, ReplicaTier
+from store.objects import ReplicaDescriptor, ReplicaList, ReplicaTier, tuple_of
 
 REUSE_SHARE = 0.5  # of the lease: the rest is left for the read itself
 _MEMORY = ReplicaTier.MEMORY.value
@@ -35,8 +35,8 @@ class HeldLeases:
     def __init__(self, capacity: int) -> None:
         """``capacity``: most replica lists kept (the oldest leases go first)."""
         self.capacity = capacity
-        # key -> (replica list, when its lease was asked for), in the order they were asked for
-        self._held: OrderedDict[str, tuple[ReplicaList, float]] = OrderedDict()
+        # key -> _Entry, in the order the leases were asked for
+        self._held: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()  # several threads may share one client
 
     def reusable(self, keys: list[str], now: float) -> list[tuple[ReplicaList, float] | None]:
@@ -48,10 +48,15 @@ class HeldLeases:
         with self._lock:
             for key in keys:
                 entry = held.get(key)
-                if entry is not None and not now < _reuse_until(entry):
+                if entry is None:
+                    found.append(None)
+                elif not now < _reuse_until(entry):
                     del held[key]
-                    entry = None
-                found.append(entry)
+                    found.append(None)
+                else:
+                    name, size, replicas, lease_ttl, checksum, asked = entry
+                    found.append((tuple_of(ReplicaList, (name, size, [tuple_of(ReplicaDescriptor, r) for r in replicas],
+                                                         lease_ttl, checksum, False)), asked))
         return found
 
     def hold(self, replicas: list[tuple[str, ReplicaList, float]], now: float) -> None:
@@ -67,7 +72,8 @@ class HeldLeases:
                 else:
                     if key in held:  # asked again meanwhile: it moves to the young end
                         del held[key]
-                    held[key] = (item, asked)
+                    held[key] = (item.key, item.size, tuple([tuple(r) for r in item.replicas]), item.lease_ttl,
+                                 item.checksum, asked)
             while len(held) > self.capacity:
                 held.popitem(last=False)
             while held and not now < _reuse_until(next(iter(held.values()))):
@@ -87,6 +93,15 @@ class HeldLeases:
         return len(self._held)
 
 
-def _reuse_until(entry: tuple[ReplicaList, float]) -> float:
-    item, asked = entry
-    return asked + item.lease_ttl * REUSE_SHARE
+# A held replica list as plain tuples of its fields and its lease's start: (key, size, replicas,
+# lease_ttl, checksum, asked), not the named tuples themselves: the cycle collector stops
+# following a plain tuple of numbers and strings at its first pass (never a tuple subclass), and
+# held named tuples made a client's collections cost more than holding saves on a first pass
+# over many keys: 48,000 first reads took 200-300 ms of GC, 17-28 without holding, 130-140 as
+# plain tuples (packed with msgpack instead: 40-90 ms of GC, but packing cost 3 us a key against
+# 0.4; /tmp/s21/remote_reuse.py, first_blocks.py).
+_Entry = tuple[str, int, tuple[tuple, ...], float, int, float]
+
+
+def _reuse_until(entry: _Entry) -> float:
+    return entry[5] + entry[3] * REUSE_SHARE

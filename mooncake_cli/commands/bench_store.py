@@ -69,12 +69,14 @@ def store(
     rows = [c.as_dict() for c in cells]
 
     def render(data: list[dict]) -> Table:
-        table = Table("segment", "op", "mode", "size", "GB/s", "ops/s", "p50 µs", "p99 µs",
-                      title="mooncake bench store (p50/p99 per call: one object, or one batch)")
+        table = Table("segment", "op", "mode", "size", "GB/s", "ops/s", "p50 µs", "p99 µs", "held lease",
+                      title="mooncake bench store (p50/p99 per call: one object, or one batch; held lease: "
+                            "share of the gets read without asking the master)")
         for r in data:
             table.add_row(r["topology"], r["op"], f"{r['mode']}×{r['batch']}" if r["mode"] == "batch" else r["mode"],
                           _size(r["size"]), f"{r['gbps']:.2f}", f"{r['ops_per_s']:,.0f}",
-                          f"{r['p50_us']:.0f}", f"{r['p99_us']:.0f}")
+                          f"{r['p50_us']:.0f}", f"{r['p99_us']:.0f}",
+                          f"{r['lease_reuses'] / r['ops']:.0%}" if r["op"] == "get" else "")
         return table
 
     emit(rows, json_output, render)
