@@ -498,6 +498,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
         wanted = config.replica_num
         replicas: list[Replica] = []
         used: set[str] = set()  # the segments of ``replicas``
+        # What _describe would answer (memory replicas only, in this order), built as they are
+        # placed: it is per key of a batch.
+        described: list[ReplicaDescriptor] = []
         while True:
             for segment in order:
                 if len(replicas) == wanted:
@@ -508,7 +511,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
                 address = segment.allocator.try_allocate(size)
                 if address is not None:
                     self.tenants.charge(tenant, size)
-                    replicas.append(Replica(segment_id, address))
+                    replica = Replica(segment_id, address)
+                    replicas.append(replica)
+                    described.append(segment.describe(replica, size))
                     used.add(segment_id)
             # A full pool of the tenant's evictable objects must never fail its put: evict
             # synchronously (never another tenant's objects).
@@ -520,9 +525,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
             raise NoAvailableHandle(f"no segment can hold {size} bytes for {shown(key)}")
         if len(replicas) < config.replica_num:
             self.stats.num_partial_allocations += 1
-        obj = self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
+        self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
         self.stats.num_put_starts += 1
-        return self._describe(obj)
+        return described
 
     def _make_quota_room(self, tenant: str, key: str, size: int, replica_num: int, now: float) -> None:
         """Let ``tenant`` take ``replica_num`` ranges of ``size`` bytes: within its quota, or by
