@@ -68,10 +68,19 @@ class RangeAllocator:
         """Address of a new range of at least ``size`` bytes; NoAvailableHandle if none fits."""
         if size <= 0:
             raise InvalidParams(f"allocation size must be > 0, got {size}")
-        length = self.block_size(size)
+        address = self.try_allocate(size)
+        if address is None:
+            raise NoAvailableHandle(f"no free range of {self.block_size(size)} bytes "
+                                    f"(largest is {self.largest_free_range})")
+        return address
+
+    def try_allocate(self, size: int) -> int | None:
+        """:meth:`allocate` of ``size`` (> 0) bytes, or None when no free range fits: one call
+        where a caller would ask :meth:`can_allocate` first (the master, for every replica)."""
+        length = -(-size // self.alignment) * self.alignment  # block_size, inline
         index = bisect_left(self._free_by_len, (length, -1))
         if index == len(self._free_by_len):
-            raise NoAvailableHandle(f"no free range of {length} bytes (largest is {self.largest_free_range})")
+            return None
         found_len, start = self._free_by_len[index]
         rest = (found_len - length, start + length)
         if found_len > length and (index == 0 or self._free_by_len[index - 1] < rest):

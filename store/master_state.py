@@ -41,7 +41,7 @@ from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, 
 from store.placement import placement_order
 from store.policy import StorePolicy
 from store.replication import Replication
-from store.segment_journal import SegmentJournal
+from store.segment_journal import Completion, SegmentJournal
 from store.stats import MasterStats
 from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, shown, split_key, tenant_of
 from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
@@ -140,11 +140,21 @@ class MasterState(Membership, Tiering, Replication, Draining):
         obj = self._owned(client_id, key)
         if obj.complete:
             return
+        completions: list[Completion] = []
+        stored: list[tuple[str, str]] = []
+        self._mark_complete(obj, now, checksum, completions, stored)
+        self.journal.completed_many(completions)
+        self.kv_events.stored_many(stored)
+
+    def _mark_complete(self, obj: ObjectMeta, now: float, checksum: int | None,
+                       completions: list[Completion], stored: list[tuple[str, str]]) -> None:
+        """Mark ``obj``'s replicas COMPLETE; what the journal and the KV events must record of it
+        is added to ``completions`` and ``stored``, for the caller to append (a batch: once)."""
+        key, size, hard_pinned = obj.key, obj.size, obj.hard_pinned
         for replica in obj.replicas:
             replica.status = ReplicaStatus.COMPLETE
-            self.journal.completed(replica.segment_id, key, replica.address, obj.size, checksum,
-                                   obj.hard_pinned)
-            self.kv_events.stored(key, replica.segment_id)
+            completions.append((replica.segment_id, key, replica.address, size, checksum, hard_pinned))
+            stored.append((key, replica.segment_id))
         obj.checksum = checksum
         obj.last_access = now
         if obj.soft_pin_ttl is not None:
@@ -171,7 +181,47 @@ class MasterState(Membership, Tiering, Replication, Draining):
         # One placement order for the whole batch: its objects fill the same segments in turn
         # (spilling over when one is full), and the per-key shuffle was most of a batch's cost.
         order = self._placement(client_id, config)
-        return [_attempt(self._put_start, client_id, k, n, now, config, order) for k, n in zip(keys, sizes)]
+        if not self._quota_holds(keys, sizes, config.replica_num):
+            # A tenant may have to evict for its quota, or be refused: key by key.
+            return [_attempt(self._put_start, client_id, k, n, now, config, order) for k, n in zip(keys, sizes)]
+        # _put_start of each key, less what holds for all of them: each tenant's quota has room
+        # for the whole batch (so no key needs to check it), and held ranges are released only
+        # when there are any (a key that preempts or evicts may have added some).
+        objects, quarantine = self.objects, self.quarantine
+        results: list[list[ReplicaDescriptor] | MooncakeError] = []
+        for key, size in zip(keys, sizes):
+            try:
+                self._check_key(key)
+                self._check_size(size)
+                if key in objects:  # taken, or an abandoned put to preempt: as a single put does
+                    results.append(self._put_start(client_id, key, size, now, config, order))
+                    continue
+                if len(quarantine):
+                    self.release_quarantined(now)
+                results.append(self._place(client_id, key, size, now, config, order, tenant_of(key)))
+            except MooncakeError as exc:
+                results.append(exc)
+        return results
+
+    def _quota_holds(self, keys: list[str], sizes: list[int], replica_num: int) -> bool:
+        """True when every tenant of ``keys`` has room in its quota for all of them at once: no
+        key of the batch can then need to evict for its quota, or be refused. (Charges taken
+        earlier in the batch are within that room, and frees only add to it.)"""
+        tenants = self.tenants
+        if not tenants.quotas and not tenants.default_quota:  # unlimited: the common case
+            return True
+        if not all(isinstance(k, str) for k in keys) or not all(type(n) is int for n in sizes):
+            return False  # those keys fail their checks; the rest are checked key by key
+        replicas = min(replica_num, max(1, len(self.segments)))
+        need: dict[str, int] = {}
+        for key, size in zip(keys, sizes):
+            tenant = tenant_of(key)
+            need[tenant] = need.get(tenant, 0) + max(size, 0) * replicas
+        for tenant, wanted in need.items():
+            room = tenants.room(tenant)
+            if room is not None and room < wanted:
+                return False
+        return True
 
     def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int], now: float,
                            config: ReplicateConfig = DEFAULT_CONFIG) -> list[list[ReplicaDescriptor] | MooncakeError]:
@@ -186,7 +236,23 @@ class MasterState(Membership, Tiering, Replication, Draining):
             self._touch(client_id, now)
         except MooncakeError as exc:
             return [exc] * len(keys)
-        return [_attempt(self._put_end, client_id, k, now, c) for k, c in zip(keys, checksums)]
+        # _put_end of each key in one pass: what they record (journal changes, KV events) is
+        # appended once for the whole batch, in the order the keys completed.
+        objects = self.objects
+        results: list[None | MooncakeError] = []
+        completions: list[Completion] = []
+        stored: list[tuple[str, str]] = []
+        for key, checksum in zip(keys, checksums):
+            obj = objects.get(key)
+            if obj is None or obj.owner != client_id:
+                results.append(_attempt(self._owned, client_id, key))  # its error
+                continue
+            results.append(None)
+            if not obj.complete:
+                self._mark_complete(obj, now, checksum, completions, stored)
+        self.journal.completed_many(completions)
+        self.kv_events.stored_many(stored)
+        return results
 
     def batch_put_revoke(self, client_id: str, keys: list[str], now: float) -> list[None | MooncakeError]:
         return [_attempt(self.put_revoke, client_id, k, now) for k in keys]
@@ -200,6 +266,11 @@ class MasterState(Membership, Tiering, Replication, Draining):
             raise ObjectNotFound(f"no object {shown(key)}")
         if not obj.complete:
             raise ReplicaIsNotReady(f"{shown(key)} is still being written")
+        return self._lease(obj, now)
+
+    def _lease(self, obj: ObjectMeta, now: float) -> ReplicaList:
+        """get_replica_list of complete ``obj``: its lease, its use, its replicas."""
+        key = obj.key
         obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
         obj.last_access = now
         if key in self.lru:
@@ -214,7 +285,15 @@ class MasterState(Membership, Tiering, Replication, Draining):
                                       obj.checksum, promote))
 
     def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
-        return [_attempt(self.get_replica_list, k, now) for k in keys]
+        objects = self.objects
+        results: list[ReplicaList | MooncakeError] = []
+        for key in keys:
+            obj = objects.get(key)
+            if obj is not None and obj.complete:
+                results.append(self._lease(obj, now))
+            else:
+                results.append(_attempt(self.get_replica_list, key, now))  # its error
+        return results
 
     def exists(self, key: str) -> bool:
         """True when a complete replica exists. Grants no lease and does not count as a use, so
@@ -410,16 +489,31 @@ class MasterState(Membership, Tiering, Replication, Draining):
         tenant = tenant_of(key)
         self.release_quarantined(now)
         self._make_quota_room(tenant, key, size, config.replica_num, now)
+        return self._place(client_id, key, size, now, config, order, tenant)
+
+    def _place(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
+               order: list[SegmentState], tenant: str) -> list[ReplicaDescriptor]:
+        """The new object ``key``'s replicas, on the first segments of ``order`` that fit them
+        (evicting ``tenant``'s objects when none does), once its quota let it take them."""
         wanted = config.replica_num
         replicas: list[Replica] = []
         used: set[str] = set()  # the segments of ``replicas``
+        # What _describe would answer (memory replicas only, in this order), built as they are
+        # placed: it is per key of a batch.
+        described: list[ReplicaDescriptor] = []
         while True:
             for segment in order:
                 if len(replicas) == wanted:
                     break
                 segment_id = segment.spec.segment_id
-                if segment_id not in used and segment.allocator.can_allocate(size):
-                    replicas.append(Replica(segment_id, self._take_range(segment, key, size)))
+                if segment_id in used:
+                    continue
+                address = segment.allocator.try_allocate(size)
+                if address is not None:
+                    self.tenants.charge(tenant, size)
+                    replica = Replica(segment_id, address)
+                    replicas.append(replica)
+                    described.append(segment.describe(replica, size))
                     used.add(segment_id)
             # A full pool of the tenant's evictable objects must never fail its put: evict
             # synchronously (never another tenant's objects).
@@ -431,9 +525,9 @@ class MasterState(Membership, Tiering, Replication, Draining):
             raise NoAvailableHandle(f"no segment can hold {size} bytes for {shown(key)}")
         if len(replicas) < config.replica_num:
             self.stats.num_partial_allocations += 1
-        obj = self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
+        self.objects[key] = self._new_object(client_id, key, size, now, config, replicas)
         self.stats.num_put_starts += 1
-        return self._describe(obj)
+        return described
 
     def _make_quota_room(self, tenant: str, key: str, size: int, replica_num: int, now: float) -> None:
         """Let ``tenant`` take ``replica_num`` ranges of ``size`` bytes: within its quota, or by

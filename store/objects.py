@@ -27,6 +27,7 @@ class ReplicaTier(str, enum.Enum):
 
 
 _MEMORY = ReplicaTier.MEMORY.value
+_MEMORY_TIER = ReplicaTier.MEMORY
 # ``tuple_of(ReplicaDescriptor, fields)``: a named tuple from every one of its fields, built
 # without the named tuple's own __new__, which is Python code (for the field defaults) and
 # costs about as much again: both ends build one per object of every put and get answer.
@@ -105,7 +106,9 @@ class ReplicaList(NamedTuple):
     promote: bool = False  # read from disk often enough: the reader should copy it back to memory
 
 
-@dataclass
+# Slots: the master makes one Replica and one ObjectMeta per object of every put (a third less
+# time to build than with a __dict__), and reads their fields on every op.
+@dataclass(slots=True)
 class Replica:
     segment_id: str
     address: int  # 0 for a DISK replica
@@ -117,7 +120,7 @@ class Replica:
         return self.tier is ReplicaTier.MEMORY
 
 
-@dataclass
+@dataclass(slots=True)
 class ObjectMeta:
     key: str
     size: int
@@ -169,7 +172,7 @@ class SegmentState:
 
     def describe(self, replica: Replica, size: int) -> ReplicaDescriptor:
         s = self.spec
-        if replica.in_memory:
+        if replica.tier is _MEMORY_TIER:  # in_memory, without the property's call
             return tuple_of(ReplicaDescriptor, (s.segment_id, s.name, s.endpoint, s.host, replica.address, size,
                                                  _MEMORY, b""))
         return ReplicaDescriptor(s.segment_id, s.name, s.disk_endpoint, s.host, 0, size, replica.tier.value)

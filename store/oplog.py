@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import quote, unquote
 
 from store.objects import ReportedObject, Segment, SegmentState
-from store.segment_journal import SegmentJournal
+from store.segment_journal import Completion, SegmentJournal
 
 SEGMENTS = "segments/"
 REPLICAS = "replicas/"
@@ -85,6 +85,12 @@ class OpLogJournal(SegmentJournal):
         super().completed(segment_id, key, address, size, checksum, hard_pinned)
         self._put(replica_prefix(segment_id) + key, json.dumps(
             {"address": address, "size": size, "checksum": checksum, "hard_pinned": hard_pinned}))
+
+    def completed_many(self, completions: list[Completion]) -> None:
+        super().completed_many(completions)
+        for segment_id, key, address, size, checksum, hard_pinned in completions:
+            self._put(replica_prefix(segment_id) + key, json.dumps(
+                {"address": address, "size": size, "checksum": checksum, "hard_pinned": hard_pinned}))
 
     def gone(self, segment_id: str, key: str, address: int) -> None:
         super().gone(segment_id, key, address)

@@ -36,7 +36,7 @@ import xxhash
 from store.disk_tier import DiskTier
 from store.errors import InvalidParams
 from store.master_client import MasterClient
-from store.objects import ClientStatus, ReportedObject, Segment
+from store.objects import ClientStatus, ReportedObject, Segment, tuple_of
 from transfer.engine import TransferEngine
 from transfer.errors import MooncakeError
 from transfer.memory import address_of
@@ -143,20 +143,26 @@ class SegmentOwner:
     def _apply(self, changes: list[list]) -> None:
         """``changes``: store.segment_journal.SegmentChange's fields, in order, per change."""
         to_offload = []
+        # Names looked up once: a ping's answer carries one change per object put into (or
+        # removed from) our segment since the last, applied on the thread beside our own puts.
+        record, segment_id, offload_all = self.record, self.segment.segment_id, self.offload_all
         for seq, kind, key, address, size, checksum, hard_pinned in changes:
             if kind == "complete":
-                self.record[key] = ReportedObject(key, self.segment.segment_id, address, size, checksum,
-                                                  hard_pinned)
-                if self.offload_all:
-                    to_offload.append(self.record[key])
+                report = record[key] = tuple_of(ReportedObject, (key, segment_id, address, size, checksum,
+                                                                 hard_pinned))
+                if offload_all:
+                    to_offload.append(report)
             elif kind == "offload":
-                if key in self.record and self.record[key].address == address:
-                    to_offload.append(self.record[key])
+                report = record.get(key)
+                if report is not None and report.address == address:
+                    to_offload.append(report)
             elif kind == "disk_gone":
                 if self.disk is not None:
                     self._forget_file(key)
-            elif key in self.record and self.record[key].address == address:
-                del self.record[key]
+            else:
+                report = record.get(key)
+                if report is not None and report.address == address:
+                    del record[key]
             self.acked = seq
         if self.disk is not None:
             for report in to_offload:

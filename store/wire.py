@@ -149,11 +149,14 @@ def replica_list_from_wire(data: Any) -> ReplicaList:
 
 # -- batch answers -------------------------------------------------------------------------------
 
-def batch_to_wire(results: list, encode: Callable[[Any], Any] = lambda v: v) -> list[dict]:
-    return [{"error": r.to_wire()} if isinstance(r, MooncakeError) else {"ok": encode(r)}
-            for r in results]
+def batch_to_wire(results: list) -> list[dict]:
+    """Per item ``{"ok": value}`` (values pack as they are) or ``{"error": ...}``."""
+    return [{"error": r.to_wire()} if isinstance(r, MooncakeError) else {"ok": r} for r in results]
 
 
-def batch_from_wire(items: list, decode: Callable[[Any], Any] = lambda v: v) -> list:
-    """Per item the decoded value or the typed error instance (not raised)."""
+def batch_from_wire(items: list, decode: Callable[[Any], Any] | None = None) -> list:
+    """Per item the decoded value (as it came, without ``decode``) or the typed error instance
+    (not raised). No call per item where nothing is decoded: a batch answers one per key."""
+    if decode is None:
+        return [error_from_wire(i["error"]) if "error" in i else i["ok"] for i in items]
     return [error_from_wire(i["error"]) if "error" in i else decode(i["ok"]) for i in items]

@@ -34,6 +34,10 @@ class EventLog:
     def stored(self, key: str, segment_id: str) -> None:
         self._pending.append(tuple_of(StoreEvent, (STORED, key, segment_id)))  # every field: see tuple_of
 
+    def stored_many(self, replicas: list[tuple[str, str]]) -> None:
+        """:meth:`stored` for each (key, segment_id), in order (a batch PutEnd's replicas)."""
+        self._pending.extend([tuple_of(StoreEvent, (STORED, key, segment_id)) for key, segment_id in replicas])
+
     def removed(self, key: str, segment_id: str) -> None:
         self._pending.append(tuple_of(StoreEvent, (REMOVED, key, segment_id)))  # every field: see tuple_of
 

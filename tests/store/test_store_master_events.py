@@ -39,6 +39,23 @@ def test_a_put_end_records_named_tuples_field_for_field():
     assert type(changes[-1]) is SegmentChange and len(changes[-1]) == len(SegmentChange._fields)
 
 
+def test_the_journal_hands_an_owner_what_it_has_not_acknowledged_in_order():
+    m = mounted(1)
+    m.batch_put_start("c1", ["a", "b", "c"], [64, 64, 64], 0.0)
+    m.batch_put_end("c1", ["a", "b", "c"], 0.1)
+    seqs = [c.seq for c in m.journal.since("s1", 0)]
+    assert [(c.kind, c.key) for c in m.journal.since("s1", 0)] == [("complete", k) for k in "abc"]
+    assert seqs == list(range(seqs[0], seqs[0] + 3))  # without a gap
+    assert [c.key for c in m.journal.since("s1", seqs[1])] == ["c"]
+    assert [c.key for c in m.journal.since("s1", seqs[0])] == ["c"]  # an old ack trims nothing more
+    m.remove("a", 0.2)
+    assert [(c.kind, c.key) for c in m.journal.since("s1", seqs[1])] == [("complete", "c"), ("gone", "a")]
+    assert m.journal.since("s1", seqs[2] + 5) == []  # an ack beyond the last: all of it
+    m.put_start("c1", "d", 64, 0.3)
+    m.put_end("c1", "d", 0.3)
+    assert [(c.seq, c.key) for c in m.journal.since("s1", 0)] == [(seqs[2] + 2, "d")]
+
+
 def test_batch_put_end_records_every_key_and_a_revoke_records_nothing():
     m = mounted(1)
     m.batch_put_start("c1", ["a", "b", "c"], [64, 64, 64], 0.0)
