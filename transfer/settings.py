@@ -341,8 +341,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("store", "lease_ttl", "duration", 10.0,
        "Read lease a get is granted: the object is not removed or evicted before it ends."),
     _s("store", "reuse_read_leases", "bool", True,
-       "A get of a key this client read (and verified) less than half a lease_ttl ago reads "
-       "through that get's replica list and lease instead of asking the master, which keeps the "
+       "A get of a key this client read (and verified) before, twice or more, the last time less "
+       "than half a lease_ttl ago, reads through that get's replica list and lease instead of "
+       "asking the master, which keeps the "
        "object unchanged until the lease ends; the bytes are checksum-verified as always, a "
        "failed reuse asks the master again, and a forced remove by another client is seen when "
        "that half lease ends. Needs the checksum setting on."),

@@ -40,8 +40,8 @@ def store(
     pool memory written once before, as a serving store's is: neither the page faults of memory
     never written (--no-segment-prefault) nor this VM's cost of touching memory idle since the
     segment was committed is counted as the store's speed. The gets cycle over the keys the
-    puts wrote: a key read again within half a lease_ttl is read through the lease its last get
-    was granted, without asking the master (--no-reuse-read-leases: every get asks)."""
+    puts wrote: from its third read within half a lease_ttl a key is read through the lease its
+    last get was granted, without asking the master (--no-reuse-read-leases: every get asks)."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
