@@ -83,14 +83,17 @@ class OpLogJournal(SegmentJournal):
     def completed(self, segment_id: str, key: str, address: int, size: int,
                   checksum: int | None, hard_pinned: bool) -> None:
         super().completed(segment_id, key, address, size, checksum, hard_pinned)
-        self._put(replica_prefix(segment_id) + key, json.dumps(
-            {"address": address, "size": size, "checksum": checksum, "hard_pinned": hard_pinned}))
+        self._put_replica(segment_id, key, address, size, checksum, hard_pinned)
 
     def completed_many(self, completions: list[Completion]) -> None:
         super().completed_many(completions)
-        for segment_id, key, address, size, checksum, hard_pinned in completions:
-            self._put(replica_prefix(segment_id) + key, json.dumps(
-                {"address": address, "size": size, "checksum": checksum, "hard_pinned": hard_pinned}))
+        for completion in completions:
+            self._put_replica(*completion)
+
+    def _put_replica(self, segment_id: str, key: str, address: int, size: int,
+                     checksum: int | None, hard_pinned: bool) -> None:
+        self._put(replica_prefix(segment_id) + key, json.dumps(
+            {"address": address, "size": size, "checksum": checksum, "hard_pinned": hard_pinned}))
 
     def gone(self, segment_id: str, key: str, address: int) -> None:
         super().gone(segment_id, key, address)
