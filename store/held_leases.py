@@ -15,7 +15,8 @@ What keeps that honest:
 - it is reused only in the first half of the lease (``REUSE_SHARE``): the read must finish
   before the lease ends, which the client checks as for any read (LeaseExpired);
 - a reuse that fails in any way is dropped and the key asked of the master again, in the same
-  call; this client's own removes drop the keys they name (all of them for remove_all).
+  call; this client's own removes and copies drop the keys they name (all of them for
+  remove_all).
 What a reuse does not see: a forced remove by another client, or the loss of the segment,
 during that half lease: the reader gets the object's (verified) bytes, as a read that started
 just before it would. The master's LRU and lease counters see one get per lease, not per read.
@@ -78,7 +79,7 @@ class HeldLeases:
                         break
                 else:
                     if key not in self._seen:
-                        if len(self._seen) >= 4 * self.capacity:  # a bound, not an index: start over
+                        if len(self._seen) >= 4 * self.capacity:  # full: start noting afresh
                             self._seen.clear()
                         self._seen.add(key)
                         continue

@@ -343,10 +343,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("store", "reuse_read_leases", "bool", True,
        "A get of a key this client read (and verified) before, twice or more, the last time less "
        "than half a lease_ttl ago, reads through that get's replica list and lease instead of "
-       "asking the master, which keeps the "
-       "object unchanged until the lease ends; the bytes are checksum-verified as always, a "
-       "failed reuse asks the master again, and a forced remove by another client is seen when "
-       "that half lease ends. Needs the checksum setting on."),
+       "asking the master, which keeps the object unchanged until the lease ends; the bytes are "
+       "checksum-verified as always, a failed reuse asks the master again, and a forced remove "
+       "by another client is seen when that half lease ends. Needs the checksum setting on."),
     _s("store", "soft_pin_ttl", "duration", 30 * 60.0,
        "Default lifetime of a soft pin (counted from when the object completes)."),
     _s("store", "max_soft_pin_ttl", "duration", 24 * 3600.0,

@@ -142,4 +142,3 @@ class InlineLink:
                 pass
         else:
             self._sock.close()
-
