@@ -40,6 +40,11 @@ from transfer.rpc.client_server import RpcClient
 
 REQUEST_TIMEOUT = 5
 FILLER_TOKENS, LATE_PROMPT, LATE_TOKENS, VICTIM_PROMPT, VICTIM_TOKENS = 6030, 592, 1480, 200, 16
+PAGES = 256
+
+
+def _pages(tokens: int) -> int:
+    return -(-tokens // BLOCK)
 
 
 def _wait_for(predicate, what: str, timeout: float = 20) -> None:
@@ -83,7 +88,7 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
     def status(name: str) -> dict:
         return clients[name].call("status")
 
-    assert status("decode-0")["free_blocks"] == 256
+    assert status("decode-0")["free_blocks"] == PAGES
     writer = PrefillWriter("prefill-0", status("prefill-0")["address"],
                            [WriterProcess.from_wire(p) for p in status("prefill-0")["writers"]])
     probe = prompt(20, seed=74)
@@ -102,7 +107,15 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
                    json.dumps({"prompt": late_prompt, "max_tokens": LATE_TOKENS}).encode())
     assert late[0] == 502 and stalled in json.loads(late[2])["error"]["message"], late
     filler.close()  # the client goes away: the conductor cancels the filler and frees its pages
-    _wait_for(lambda: status("decode-0")["running"] == 0, "the filler's pages to be freed")
+    # Out of the batch is not yet freed: a filler cancelled while a step runs gives its pages
+    # back when that step ends. Only the probe's and the late request's stay held.
+    held = _pages(len(probe) + 1) + _pages(LATE_PROMPT + LATE_TOKENS)
+
+    def filler_freed() -> bool:
+        now = status("decode-0")
+        return now["running"] == 0 and now["free_blocks"] >= PAGES - held
+
+    _wait_for(filler_freed, "the filler's pages to be freed")
 
     free, prefilled = status("decode-0")["free_blocks"], status(other)["num_done"]
     victim_prompt = prompt(VICTIM_PROMPT, seed=73)
@@ -112,7 +125,12 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
         json.dumps({"prompt": victim_prompt, "max_tokens": VICTIM_TOKENS}).encode())))
     victim_thread.start()
     # The victim takes 7 pages; the probe's one page may come back meanwhile.
-    _wait_for(lambda: decode.call("status")["free_blocks"] < free - 1, "the victim's reservation")
+
+    def victim_reserved() -> bool:
+        assert victim_thread.is_alive(), f"the victim ended before it was held: {victim.get('response')}"
+        return decode.call("status")["free_blocks"] < free - 1
+
+    _wait_for(victim_reserved, "the victim's reservation")
     os.kill(pids["decode-0"], signal.SIGSTOP)
     try:
         _wait_for(lambda: status(other)["num_done"] > prefilled, "the victim's prefill")
@@ -134,4 +152,4 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
     assert answer.dropped and answer.process == writer.processes[0]
     late_run = PrefillJob("cmpl-never-sent", probe, 0, False, target)
     assert clients["prefill-0"].call("prefill.run", late_run.to_wire())["accepted"] is False
-    _wait_for(lambda: status("decode-0")["free_blocks"] == 256, "every page to come back")
+    _wait_for(lambda: status("decode-0")["free_blocks"] == PAGES, "every page to come back")
