@@ -1,4 +1,4 @@
-"""Which daemon class serves each role, and which daemons `mooncake up` starts, in order.
+"""Which daemon class serves each role, and which daemons `mooncake up` starts, in which waves.
 
 A role joins the plan only once it does real work (each gains its function in its own issue).
 """
@@ -46,12 +46,15 @@ class DaemonSpec:
     role: str
 
 
-def cluster_plan(config: Config) -> list[DaemonSpec]:
-    """The daemons of a single-host cluster, in start order (later ones may need earlier ones)."""
+def cluster_plan(config: Config) -> list[list[DaemonSpec]]:
+    """The daemons of a single-host cluster in start waves: a wave's daemons start together,
+    once every daemon of the waves before it answers (a daemon needs only earlier waves)."""
     store_clients = [DaemonSpec(f"store-client-{i}", "store-client") for i in range(config.store_clients)]
-    # The conductor before the workers (each registers with it while it starts); none of the
-    # three when no worker is wanted, e.g. a store-only cluster.
+    # The conductor before the workers (each registers with it while it starts); none of them
+    # when no worker is wanted, e.g. a store-only cluster. Workers need only the master and the
+    # conductor: they start together, each importing torch on its own core while one is free.
     workers = [*(DaemonSpec(f"prefill-{i}", "prefill") for i in range(config.prefill_workers)),
                *(DaemonSpec(f"decode-{i}", "decode") for i in range(config.decode_workers))]
-    serving = [DaemonSpec("conductor", "conductor"), *workers] if workers else []
-    return [DaemonSpec("master", "master"), *store_clients, *serving]
+    conductor = [DaemonSpec("conductor", "conductor")] if workers else []
+    waves = [[DaemonSpec("master", "master")], [*store_clients, *conductor], workers]
+    return [wave for wave in waves if wave]

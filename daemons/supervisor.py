@@ -1,9 +1,10 @@
 """Start, inspect and stop the daemons of a single-host cluster (`mooncake up/status/down`).
 
-`up` starts each daemon of :func:`daemons.roles.cluster_plan` in order through the launcher
-(:mod:`daemons.launcher`: its own session, its pidfile, waiting until it answers ``health``), and
-only then starts the next. If one fails within ``start_timeout`` it reports which and the tail of
-its log, and stops every daemon it started. `down` sends SIGTERM, waits ``stop_grace``, then
+`up` starts the daemons of :func:`daemons.roles.cluster_plan` wave by wave through the launcher
+(:mod:`daemons.launcher`: its own session, its pidfile, waiting until it answers ``health``): a
+wave's daemons start together, and the next wave only once all of them answer. If one fails
+within ``start_timeout`` it reports which and the tail of its log, and stops every daemon it
+started. `down` sends SIGTERM, waits ``stop_grace``, then
 SIGKILL, and removes the pidfiles, records and shared memory of the cluster.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -116,9 +118,14 @@ def up(config: Config) -> dict[str, Any]:
     started: list[DaemonSpec] = []
     announced: list[dict[str, Any]] = []
     try:
-        for spec in cluster_plan(config):
-            started.append(spec)
-            announced.append(_start(paths, spec, cluster_id, 0, config))
+        for wave in cluster_plan(config):
+            launched = []
+            for spec in wave:
+                started.append(spec)
+                launched.append(_launch(paths, spec, cluster_id, 0, config))
+            deadline = time.monotonic() + config.start_timeout
+            announced += [_wait_answer(paths, spec.name, process, deadline, config)
+                          for spec, process in zip(wave, launched)]
     except MooncakeError:
         _stop(paths, [s.name for s in started], config.stop_grace)
         _remove_shared_memory(cluster_id)
@@ -140,7 +147,8 @@ def restart(paths: ClusterPaths, name: str, config: Config) -> dict[str, Any]:
     old = read_json(paths.announce_file(name)) or {}
     port = int(old["address"].rsplit(":", 1)[1]) if old.get("address") else 0
     forget_announcement(paths, name)
-    return _start(paths, DaemonSpec(name, record["role"]), cluster["cluster_id"], port, config)
+    process = _launch(paths, DaemonSpec(name, record["role"]), cluster["cluster_id"], port, config)
+    return _wait_answer(paths, name, process, time.monotonic() + config.start_timeout, config)
 
 
 def restart_daemon(paths: ClusterPaths, which: str, config: Config) -> dict[str, Any]:
@@ -161,14 +169,19 @@ def restart_daemon(paths: ClusterPaths, which: str, config: Config) -> dict[str,
     return announce
 
 
-def _start(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, config: Config) -> dict[str, Any]:
-    """Launch one daemon as ``python -m daemons ROLE``; its announce record once it answers."""
+def _launch(paths: ClusterPaths, spec: DaemonSpec, cluster_id: str, port: int, config: Config) -> subprocess.Popen:
+    """Start one daemon as ``python -m daemons ROLE`` and record its pid."""
     process = spawn(paths, spec.name, [sys.executable, "-m", "daemons", spec.role, "--name", spec.name,
                                        "--workdir", str(paths.workdir), "--cluster-id", cluster_id,
                                        "--port", str(port)], daemon_environment(config))
     write_pidfile(paths, spec.name, spec.role, cluster_id, process.pid)
-    return wait_healthy(paths, spec.name, process, time.monotonic() + config.start_timeout, config.rpc_timeout,
-                        cluster_secret(config))
+    return process
+
+
+def _wait_answer(paths: ClusterPaths, name: str, process: subprocess.Popen, deadline: float,
+                 config: Config) -> dict[str, Any]:
+    """The launched daemon's announce record once it answers."""
+    return wait_healthy(paths, name, process, deadline, config.rpc_timeout, cluster_secret(config))
 
 
 def _health(address: str, timeout: float, secret: ClusterSecret | None) -> dict | None:
