@@ -64,6 +64,11 @@ class ClusterPaths:
     def log_dir(self) -> Path:
         return self.workdir / "logs"
 
+    @property
+    def profile_lock(self) -> Path:
+        """Held by a worker while it runs its start-up profile: one at a time per workdir."""
+        return self.run_dir / "profile.lock"
+
     def daemon_settings_file(self, name: str) -> Path:
         return self.workdir / f"{checked_name(name)}-settings.yaml"
 

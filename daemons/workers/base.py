@@ -16,6 +16,7 @@ stored KV is reusable bit for bit only when every worker computes it with the sa
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import secrets
 import time
@@ -58,10 +59,14 @@ class WorkerDaemon(Daemon):
         self.conductor_client = RpcClient(self.conductor_address, timeout=self.config.rpc_timeout,
                                           secret=self.secret)
         self.setup_worker()
-        # Before the first heartbeat, so the conductor plans with this machine's costs from the start.
-        began = time.monotonic()
-        self.calibration = calibrate(self.role, self.model, self.layout, self.config.calibration_time,
-                                     self.pull_store())
+        # Before the first heartbeat, so the conductor plans with this machine's costs from the
+        # start; one worker of the workdir at a time (`up` starts them together), as profiles
+        # run side by side time each other's work and come out slow.
+        with open(self.paths.profile_lock, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            began = time.monotonic()
+            self.calibration = calibrate(self.role, self.model, self.layout, self.config.calibration_time,
+                                         self.pull_store())
         log.info("start-up profile in %.2fs: %s", time.monotonic() - began, self.calibration)
         self.next_heartbeat = 0.0
         self.next_lookup = time.monotonic() + REFRESH_INTERVAL
