@@ -62,6 +62,7 @@ class WorkerDaemon(Daemon):
         # Before the first heartbeat, so the conductor plans with this machine's costs from the
         # start; one worker of the workdir at a time (`up` starts them together), as profiles
         # run side by side time each other's work and come out slow.
+        self.paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # absent outside `up`
         with open(self.paths.profile_lock, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
             began = time.monotonic()
