@@ -1,6 +1,8 @@
 """The torch model the prefill and decode workers run, and its paged KV cache.
 
-A library: workers wrap it, nothing here opens sockets or reads settings on its own.
+A library: workers wrap it, nothing here opens sockets or reads settings on its own. Names are
+imported from their module when first used, so the conductor (tokenizers, a checkpoint's config)
+never imports torch, which costs a process 1.5 s here.
 
     model = build_model(config)                           # on model_device; or random_model / load_checkpoint(dir)
     tokenizer = build_tokenizer(config)                   # ByteTokenizer, or HfTokenizer.from_dir(dir)
@@ -12,26 +14,55 @@ A library: workers wrap it, nothing here opens sockets or reads settings on its 
     ContinuousBatcher(runner, pages, stop_token_ids=...)  # decode worker: the model's stop tokens
 """
 
-from daemons.model.batcher import ContinuousBatcher, TokenEvent
-from daemons.model.block_manager import BlockManager
-from daemons.model.config import ModelConfig
-from daemons.model.errors import ChatTemplateError, CheckpointError, DeviceUnavailable, KVCacheFull
-from daemons.model.from_settings import build_model, build_tokenizer, kv_layout
-from daemons.model.hf_tokenizer import HfTokenizer
-from daemons.model.kv_cache import KVCache, KVCacheLayout
-from daemons.model.llama import LlamaModel, random_model
-from daemons.model.pipeline import Link, QueueLink, chunk_bounds, prefill_in_threads, run_stage
-from daemons.model.reference import generate_reference
-from daemons.model.runner import LayerDone, ModelRunner, reusable_blocks
-from daemons.model.sequence import Sequence
-from daemons.model.stage import StageModel, StageRunner, split_layers
-from daemons.model.tokenizer import ByteTokenizer, Detokenizer, Tokenizer
-from daemons.model.weights import load_checkpoint, save_checkpoint
+from __future__ import annotations
 
-__all__ = [
-    "BlockManager", "ByteTokenizer", "ChatTemplateError", "CheckpointError", "ContinuousBatcher", "Detokenizer",
-    "DeviceUnavailable", "HfTokenizer", "KVCache", "KVCacheFull", "KVCacheLayout", "LayerDone", "Link", "LlamaModel", "ModelConfig",
-    "ModelRunner", "QueueLink", "Sequence", "StageModel", "StageRunner", "TokenEvent", "Tokenizer", "build_model",
-    "build_tokenizer", "chunk_bounds", "generate_reference", "kv_layout", "load_checkpoint", "prefill_in_threads",
-    "random_model", "reusable_blocks", "run_stage", "save_checkpoint", "split_layers",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {  # name -> the module of this package that defines it
+    "ContinuousBatcher": "batcher",
+    "TokenEvent": "batcher",
+    "BlockManager": "block_manager",
+    "ModelConfig": "config",
+    "ChatTemplateError": "errors",
+    "CheckpointError": "errors",
+    "DeviceUnavailable": "errors",
+    "KVCacheFull": "errors",
+    "build_model": "from_settings",
+    "kv_layout": "from_settings",
+    "HfTokenizer": "hf_tokenizer",
+    "build_tokenizer": "hf_tokenizer",
+    "KVCache": "kv_cache",
+    "KVCacheLayout": "kv_cache",
+    "LlamaModel": "llama",
+    "random_model": "llama",
+    "Link": "pipeline",
+    "QueueLink": "pipeline",
+    "chunk_bounds": "pipeline",
+    "prefill_in_threads": "pipeline",
+    "run_stage": "pipeline",
+    "generate_reference": "reference",
+    "LayerDone": "runner",
+    "ModelRunner": "runner",
+    "reusable_blocks": "runner",
+    "Sequence": "sequence",
+    "StageModel": "stage",
+    "StageRunner": "stage",
+    "split_layers": "stage",
+    "ByteTokenizer": "tokenizer",
+    "Detokenizer": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "load_checkpoint": "weights",
+    "save_checkpoint": "weights",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next lookup is a plain global
+    return value
+

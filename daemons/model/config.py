@@ -13,15 +13,18 @@ refused with a one-line :class:`CheckpointError` instead of being ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from daemons.model.errors import CheckpointError
 from daemons.model.rope import Rope
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")  # torch's names for them
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
 
@@ -70,7 +73,9 @@ class ModelConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch  # here: the conductor reads configs, and never needs torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -163,3 +168,17 @@ def _refuse_unimplemented(hf: dict[str, Any]) -> None:
 def _dtype_name(name: str) -> str:
     # Checkpoints in float16/bfloat16 run in their own dtype; anything unknown falls back to float32.
     return name if name in DTYPES else "float32"
+
+
+def read_json(file: Path, *, required: bool) -> dict[str, Any]:
+    """A JSON object from ``file`` (a checkpoint's config or tokenizer file); {} for an optional
+    file that is not there."""
+    if not required and not file.exists():
+        return {}
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {file}: {exc}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file} does not hold a JSON object")
+    return value

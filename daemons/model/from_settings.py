@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from daemons.model.config import ModelConfig
 from daemons.model.device import model_device
-from daemons.model.hf_tokenizer import HfTokenizer
 from daemons.model.kv_cache import KVCacheLayout
 from daemons.model.llama import LlamaModel, random_model
-from daemons.model.tokenizer import ByteTokenizer, Tokenizer
 from daemons.model.weights import load_checkpoint
 
 
@@ -28,16 +25,6 @@ def build_model(config: Any) -> LlamaModel:
                             heads=config.model_heads, kv_heads=config.model_kv_heads,
                             dtype=dtype or "float32")
     return random_model(tiny, config.model_seed).to(device)
-
-
-def build_tokenizer(config: Any) -> Tokenizer | None:
-    """The byte tokenizer of the tiny model, or ``model_dir``'s own (reading its tokenizer files,
-    never its weights); None for a checkpoint without tokenizer.json, whose callers send token ids."""
-    if not config.model_dir:
-        return ByteTokenizer()
-    if not (Path(config.model_dir) / "tokenizer.json").exists():
-        return None
-    return HfTokenizer.from_dir(config.model_dir)
 
 
 def kv_layout(config: Any, model: LlamaModel) -> KVCacheLayout:

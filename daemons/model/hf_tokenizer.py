@@ -31,10 +31,9 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
 
-from daemons.model.config import token_ids
+from daemons.model.config import read_json, token_ids
 from daemons.model.errors import ChatTemplateError, CheckpointError
-from daemons.model.tokenizer import Detokenizer
-from daemons.model.weights import read_json
+from daemons.model.tokenizer import ByteTokenizer, Detokenizer
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -190,3 +189,13 @@ def _compile(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateError as exc:
         raise CheckpointError(f"the checkpoint's chat_template does not compile: {exc}") from None
+
+
+def build_tokenizer(config: Any) -> ByteTokenizer | HfTokenizer | None:
+    """The byte tokenizer of the tiny model, or ``model_dir``'s own (reading its tokenizer files,
+    never its weights); None for a checkpoint without tokenizer.json, whose callers send token ids."""
+    if not config.model_dir:
+        return ByteTokenizer()
+    if not (Path(config.model_dir) / "tokenizer.json").exists():
+        return None
+    return HfTokenizer.from_dir(config.model_dir)

@@ -1,5 +1,5 @@
 """The pieces of a Llama-style decoder layer: RMSNorm, GQA projections (with the biases and the
-q/k norms some architectures add), SwiGLU; the rotary embedding is in ``rope.py``.
+q/k norms some architectures add), SwiGLU, and the rotary embedding (the frequencies ``rope.py`` reads from a config.json).
 
 Module and parameter names copy Hugging Face's ``LlamaForCausalLM`` (``self_attn.q_proj``,
 ``self_attn.q_norm``, ``mlp.gate_proj``, ``input_layernorm`` ...), which Qwen2, Qwen3 and Mistral
@@ -11,12 +11,55 @@ same layer serves the dense reference and the paged KV cache.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from daemons.model.config import ModelConfig
-from daemons.model.rope import inverse_frequencies, rotate
+from daemons.model.rope import Rope
+
+
+# Frequencies follow transformers' ``modeling_rope_utils`` step for step (same float32 operations in
+# the same order), so angles and logits equal the reference's.
+@functools.cache
+def inverse_frequencies(rope: Rope, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """float32 [head_dim / 2] on ``device`` (default: the CPU): the angle per position of each
+    pair of dimensions. Computed on the CPU for every device, as transformers does, then moved."""
+    if device is not None and device.type != "cpu":
+        return inverse_frequencies(rope, head_dim).to(device)
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "linear":
+        return inv_freq / rope.factor
+    if rope.kind == "llama3":
+        # Long wavelengths are stretched by ``factor``, short ones kept, those between blended.
+        old_context = rope.original_max_position_embeddings
+        low_freq_wavelen = old_context / rope.low_freq_factor
+        high_freq_wavelen = old_context / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [tokens, heads, head_dim] at absolute ``positions`` [tokens].
+
+    Uses the half-split ("rotate_half") convention of Hugging Face checkpoints, whose q_proj/k_proj
+    rows are permuted for it. Angles are computed from the absolute position, so a token's rotated
+    key is the same whether its block was computed now or loaded from the store.
+    """
+    half = x.shape[-1] // 2
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    both = torch.cat((angles, angles), -1)[:, None, :]
+    cos, sin = both.cos().to(x.dtype), both.sin().to(x.dtype)
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos + rotated_half * sin
 
 
 class RMSNorm(nn.Module):

@@ -1,23 +1,17 @@
-"""Rotary position embeddings: which frequencies a checkpoint's config.json asks for, and applying them.
+"""Rotary position embeddings: which frequencies a checkpoint's config.json asks for (applying
+them is ``layers.py``'s; this module needs no torch, so the conductor reads a config without it).
 
 Config files name the same thing two ways: older ones have ``rope_theta`` and ``rope_scaling``
 ({"type" or "rope_type", "factor", ...}) at the top level, those saved by today's transformers a
 single ``rope_parameters`` ({"rope_type", "rope_theta", ...}). Both are read; a scaling this
 decoder does not implement is refused rather than run as plain RoPE, which would compute wrong
 logits without a word.
-
-Frequencies follow transformers' ``modeling_rope_utils`` step for step (same float32 operations in
-the same order), so angles and logits equal the reference's.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from daemons.model.errors import CheckpointError
 
@@ -67,41 +61,3 @@ class Rope:
             params.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor,
                           original_max_position_embeddings=self.original_max_position_embeddings)
         return params
-
-
-@functools.cache
-def inverse_frequencies(rope: Rope, head_dim: int, device: torch.device | None = None) -> torch.Tensor:
-    """float32 [head_dim / 2] on ``device`` (default: the CPU): the angle per position of each
-    pair of dimensions. Computed on the CPU for every device, as transformers does, then moved."""
-    if device is not None and device.type != "cpu":
-        return inverse_frequencies(rope, head_dim).to(device)
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if rope.kind == "linear":
-        return inv_freq / rope.factor
-    if rope.kind == "llama3":
-        # Long wavelengths are stretched by ``factor``, short ones kept, those between blended.
-        old_context = rope.original_max_position_embeddings
-        low_freq_wavelen = old_context / rope.low_freq_factor
-        high_freq_wavelen = old_context / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    return inv_freq
-
-
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` [tokens, heads, head_dim] at absolute ``positions`` [tokens].
-
-    Uses the half-split ("rotate_half") convention of Hugging Face checkpoints, whose q_proj/k_proj
-    rows are permuted for it. Angles are computed from the absolute position, so a token's rotated
-    key is the same whether its block was computed now or loaded from the store.
-    """
-    half = x.shape[-1] // 2
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    both = torch.cat((angles, angles), -1)[:, None, :]
-    cos, sin = both.cos().to(x.dtype), both.sin().to(x.dtype)
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), -1)
-    return x * cos + rotated_half * sin

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from daemons.model.config import ModelConfig
+from daemons.model.config import ModelConfig, read_json
 from daemons.model.errors import CheckpointError
 from daemons.model.llama import LlamaModel, empty_model
 
@@ -32,19 +31,6 @@ def save_checkpoint(model: LlamaModel, directory: str | Path) -> None:
     if model.config.tie_word_embeddings:
         del tensors["lm_head.weight"]  # shared with embed_tokens; safetensors refuses aliases
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-
-
-def read_json(file: Path, *, required: bool) -> dict[str, Any]:
-    """A JSON object from ``file``; {} for an optional file that is not there."""
-    if not required and not file.exists():
-        return {}
-    try:
-        value = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{file} does not hold a JSON object")
-    return value
 
 
 def read_config(directory: str | Path, dtype: str | None = None) -> ModelConfig:
