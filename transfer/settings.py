@@ -213,6 +213,11 @@ SETTINGS: tuple[Setting, ...] = (
        "it, 0600). No secret anywhere turns authentication off."),
     _s("cluster", "drain_timeout", "duration", 3.0,
        "How long a daemon finishes in-flight requests after SIGTERM."),
+    _s("cluster", "gc_threshold", "int", 50_000,
+       "Allocations between two young-generation passes of Python's cycle collector in each "
+       "daemon (the interpreter's default is 700), with full passes held to one per 5,000 of "
+       "them: a master holding many objects spent 40% of its time rescanning them. Memory freed "
+       "by reference counting is unaffected. 0: the interpreter's defaults.", minimum=0),
     # metrics: what an operator watches each daemon through
     _s("metrics", "metrics_port", "int", 9003,
        "Port of a daemon's HTTP server on bind_host: Prometheus /metrics, and on the master also "
