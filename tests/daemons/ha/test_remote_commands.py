@@ -72,9 +72,11 @@ def test_bench_store_through_the_master_measures_both_placements_and_keeps_other
         (t, op, mode) for t in ("remote", "local") for op in ("put", "get") for mode in ("single", "batch")}
     assert all(c["ops"] > 0 for c in cells)
     # The remote cluster's master saw every put: no cluster of the bench's own was measured.
-    # Twice each: a cell runs its puts once untimed first (here all of its budget both times).
+    # Each put cell writes twice, untimed first, each pass up to its budget (16 objects) or its
+    # 0.05 s, whichever ends first: a loaded machine may end either pass early.
     after = mooncake.json("inspect", "--master", master)["num_put_ends"]
-    assert after - before == 2 * sum(c["ops"] for c in cells if c["op"] == "put")
+    puts = [c["ops"] for c in cells if c["op"] == "put"]
+    assert sum(puts) + len(puts) <= after - before <= 2 * 16 * len(puts)
     kept = mooncake("get", "--master", master, "not-the-bench's")
     assert kept.returncode == 0 and kept.stdout == b"keep me"
 
