@@ -15,7 +15,8 @@ from daemons.errors import ServiceNotRegistered
 from daemons.model import ByteTokenizer
 from tests.daemons.serving.helpers import Reference
 
-SMALL = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB"}
+SMALL = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "64MiB",
+         "MOONCAKE_CALIBRATION_TIME": "1ms"}  # the fewest profile shapes: costs are not what these test
 ROLES = ("store-client", "conductor", "prefill", "decode")
 
 

@@ -19,7 +19,8 @@ from tests.conftest import Mooncake
 
 # The cluster's block size differs from the default (512), which is what a caller without the
 # cluster's settings would otherwise use.
-CLUSTER = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "16MiB"}
+CLUSTER = {"MOONCAKE_KV_BLOCK_TOKENS": "32", "MOONCAKE_KV_CACHE_SIZE": "16MiB", "MOONCAKE_SEGMENT_SIZE": "16MiB",
+           "MOONCAKE_CALIBRATION_TIME": "1ms"}  # the fewest profile shapes: costs are not what these test
 ROLES = ("store-client", "conductor", "prefill", "decode")
 
 
