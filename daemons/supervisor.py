@@ -4,8 +4,8 @@
 (:mod:`daemons.launcher`: its own session, its pidfile, waiting until it answers ``health``): a
 wave's daemons start together, and the next wave only once all of them answer. If one fails
 within ``start_timeout`` it reports which and the tail of its log, and stops every daemon it
-started. `down` sends SIGTERM, waits ``stop_grace``, then
-SIGKILL, and removes the pidfiles, records and shared memory of the cluster.
+started. `down` sends SIGTERM, waits ``stop_grace``, then SIGKILL, and removes the pidfiles,
+records and shared memory of the cluster.
 """
 
 from __future__ import annotations

@@ -65,4 +65,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # the next lookup is a plain global
     return value
-

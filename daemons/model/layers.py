@@ -1,5 +1,6 @@
 """The pieces of a Llama-style decoder layer: RMSNorm, GQA projections (with the biases and the
-q/k norms some architectures add), SwiGLU, and the rotary embedding (the frequencies ``rope.py`` reads from a config.json).
+q/k norms some architectures add), SwiGLU, and the rotary embedding (of the frequencies that
+``rope.py`` reads from a config.json).
 
 Module and parameter names copy Hugging Face's ``LlamaForCausalLM`` (``self_attn.q_proj``,
 ``self_attn.q_norm``, ``mlp.gate_proj``, ``input_layernorm`` ...), which Qwen2, Qwen3 and Mistral
