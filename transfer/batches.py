@@ -285,13 +285,21 @@ class BatchMixin:
         False (needs a batch) or the error. A peer's shared-memory region is mapped and checked
         alive once per call rather than once per request, and a peer reached over TCP gets all
         of the call's requests in one request group: a batch of small objects mostly lands in
-        one or two segments."""
-        uniform = self._uniform_views(requests)
+        one or two segments. A batch under one plan (see :meth:`_common_plan`) is planned once;
+        over TCP its requests that continue each other on both sides travel as one range."""
+        uniform = self._uniform_plan(requests)
         if isinstance(uniform, MooncakeError):
             return [uniform] * len(requests)
         if uniform is not None:
+            columns, (local, peer, remote, transport) = uniform
+            if isinstance(transport, TcpTransport):
+                return self._move_runs_now(columns, local, peer, transport)
+            try:
+                region = transport.region_view(peer, remote)
+            except (OSError, ValueError) as exc:
+                return [self._unmappable(peer, exc)] * len(requests)
             opcode = requests[0].opcode
-            for local_view, remote_view in uniform:
+            for local_view, remote_view in _views(columns, local, remote, region):
                 ShmTransport.copy_between(opcode, local_view, remote_view)
             return [True] * len(requests)
         outcomes: list[bool | MooncakeError] = [False] * len(requests)
@@ -337,9 +345,18 @@ class BatchMixin:
         shared: list[tuple[memoryview, memoryview] | MooncakeError | None] = [None] * len(requests)
         if not any(isinstance(t, ShmTransport) for t in self.transports):
             return shared  # TCP forced: nothing to plan twice
-        uniform = self._uniform_views(requests)
+        uniform = self._uniform_plan(requests)
+        if isinstance(uniform, MooncakeError):
+            return [uniform] * len(requests)
         if uniform is not None:
-            return [uniform] * len(requests) if isinstance(uniform, MooncakeError) else uniform
+            columns, (local, peer, remote, transport) = uniform
+            if not isinstance(transport, ShmTransport):
+                return shared
+            try:
+                region = transport.region_view(peer, remote)
+            except (OSError, ValueError) as exc:
+                return [self._unmappable(peer, exc)] * len(requests)
+            return _views(columns, local, remote, region)
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
         for n, request, plan in self._plan_each(requests):
             if isinstance(plan, MooncakeError):
@@ -356,27 +373,49 @@ class BatchMixin:
                 shared[n] = self._unmappable(peer, exc)
         return shared
 
-    def _uniform_views(self, requests: list[TransferRequest],
-                       ) -> list[tuple[memoryview, memoryview]] | MooncakeError | None:
-        """For a batch under one plan (see :meth:`_common_plan`) that shared memory moves from
-        host memory: each request's (local, remote) views, from one mapping and without a
-        planning round per request; the error when the peer's memory cannot be mapped. None
-        for any other batch, which is planned request by request."""
+    def _uniform_plan(self, requests: list[TransferRequest]) -> tuple[_Columns, tuple] | MooncakeError | None:
+        """For a batch under one plan (see :meth:`_common_plan`) from host memory to a peer
+        that shared memory or TCP reaches: its columns and that plan. None for any other
+        batch, which is planned request by request."""
         columns = _columns(requests)
         plan = None if columns is None else self._common_plan(columns)
         if plan is None:
             return None
-        local, peer, remote, transport = plan
-        if local.location.startswith("cuda") or not isinstance(transport, ShmTransport):
+        local, _, _, transport = plan
+        if local.location.startswith("cuda") or not isinstance(transport, (ShmTransport, TcpTransport)):
             return None
-        try:
-            region = transport.region_view(peer, remote)
-        except (OSError, ValueError) as exc:
-            return self._unmappable(peer, exc)
-        mine, local_base, remote_base = local.view, local.address, remote.address
-        return [(mine[source - local_base:source - local_base + length],
-                 region[offset - remote_base:offset - remote_base + length])
-                for source, offset, length in zip(columns.sources, columns.offsets, columns.lengths)]
+        return columns, plan
+
+    def _move_runs_now(self, columns: _Columns, local: RegisteredBuffer, peer: SegmentDescriptor,
+                       transport: TcpTransport) -> list[bool | MooncakeError]:
+        """Move a batch under one TCP plan on the calling thread, as one request group: its
+        requests that continue each other on both sides (a batch of pages, a batch of objects
+        placed one after the other) as one range each, up to the slice size, unless a grant
+        travels with them (the target checks each range against its own request's grant)."""
+        opcodes, sources, _, offsets, lengths, grants = columns
+        limit = 0 if any(grants) else self.options.slice_size
+        view, base = local.view, local.address
+        moves: list = []
+        first_of: list[int] = []  # per move, its first request
+        n = 0
+        while n < len(sources):
+            end, size = n + 1, lengths[n]
+            while (end < len(sources) and size + lengths[end] <= limit
+                   and sources[end] == sources[end - 1] + lengths[end - 1]
+                   and offsets[end] == offsets[end - 1] + lengths[end - 1]):
+                size += lengths[end]
+                end += 1
+            start = sources[n] - base
+            moves.append((opcodes[n], view[start:start + size], offsets[n], grants[n]))
+            first_of.append(n)
+            n = end
+        errors = transport.move_now(peer, local.location, moves)
+        if any(errors):  # the peer may have restarted or moved, as after a batch's failure
+            self.segments.invalidate(peer.name, peer.incarnation)
+        outcomes: list[bool | MooncakeError] = []
+        for first, after, error in zip(first_of, [*first_of[1:], len(sources)], errors):
+            outcomes.extend([error or True] * (after - first))
+        return outcomes
 
     def _plan_each(self, requests: list[TransferRequest],
                    ) -> Iterator[tuple[int, TransferRequest, tuple | MooncakeError]]:
@@ -462,6 +501,15 @@ def _columns(requests: list[TransferRequest]) -> _Columns | None:
     if not requests or set(map(type, requests)) != {TransferRequest}:
         return None
     return _Columns(*zip(*requests))
+
+
+def _views(columns: _Columns, local: RegisteredBuffer, remote: BufferDesc,
+           region: memoryview) -> list[tuple[memoryview, memoryview]]:
+    """Each request's (local, remote) byte views, ``region`` being the peer's mapped buffer."""
+    mine, local_base, remote_base = local.view, local.address, remote.address
+    return [(mine[source - local_base:source - local_base + length],
+             region[offset - remote_base:offset - remote_base + length])
+            for source, offset, length in zip(columns.sources, columns.offsets, columns.lengths)]
 
 
 def _runs(tasks: list[Task], plan: tuple, limit: int, columns: _Columns) -> list[Slice]:

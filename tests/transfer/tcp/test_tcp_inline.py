@@ -46,6 +46,57 @@ def test_writes_and_reads_to_two_peers_move_the_right_bytes_on_the_callers_link(
     assert _tcp(initiator).num_connections() == 0, "nothing went through a batch's connections"
 
 
+def _record_moves(monkeypatch, engine) -> list[list[int]]:
+    """Per move_now call, the byte count of each range it sent (the real call still runs)."""
+    tcp, calls = _tcp(engine), []
+    real = tcp.move_now
+
+    def recording(peer, location, moves):
+        calls.append([len(move[1]) for move in moves])
+        return real(peer, location, moves)
+
+    monkeypatch.setattr(tcp, "move_now", recording)
+    return calls
+
+
+def test_requests_that_continue_each_other_travel_as_one_range_and_move_the_right_bytes(
+        make_engine, target_process, monkeypatch):
+    target = target_process(MiB)
+    initiator = make_engine(protocol="tcp", slice_size=64 * KiB)
+    calls = _record_moves(monkeypatch, initiator)
+    handle = initiator.open_segment(target.name)
+    data = np.random.default_rng(9).integers(0, 256, 40 * KiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    # 32 pages laid end to end on both sides, as a batch of objects placed one after the other:
+    # runs of at most the slice size.
+    pages = [TransferRequest(OpCode.WRITE, source + i * KiB, handle, target.address + i * KiB, KiB)
+             for i in range(32)]
+    # Then ranges that continue each other here but not there (a gap at the peer), and the
+    # other way round: each its own range.
+    apart = [TransferRequest(OpCode.WRITE, source + (32 + i) * KiB, handle,
+                             target.address + (64 + 2 * i) * KiB, KiB) for i in range(4)]
+    reordered = [TransferRequest(OpCode.WRITE, source + (36 + i) * KiB, handle,
+                                 target.address + (80 + 3 - i) * KiB, KiB) for i in range(4)]
+    assert initiator.transfer_now_many(pages + apart + reordered) == [True] * 40
+    assert calls[-1] == [32 * KiB] + [KiB] * 8
+
+    back = np.zeros(40 * KiB, np.uint8)
+    into = initiator.register_local_memory(back)
+    reads = [TransferRequest(OpCode.READ, into + request.source - source, handle, request.target_offset, KiB)
+             for request in pages + apart + reordered]
+    assert initiator.transfer_now_many(reads) == [True] * 40
+    assert calls[-1] == [32 * KiB] + [KiB] * 8
+    assert np.array_equal(back, data)
+
+    small = make_engine(protocol="tcp", slice_size=16 * KiB)
+    small_calls = _record_moves(monkeypatch, small)
+    small_handle = small.open_segment(target.name)
+    small_into = small.register_local_memory(np.zeros(32 * KiB, np.uint8))
+    assert small.transfer_now_many([TransferRequest(OpCode.READ, small_into + i * KiB, small_handle,
+                                                    target.address + i * KiB, KiB) for i in range(32)]) == [True] * 32
+    assert small_calls[-1] == [16 * KiB, 16 * KiB], "a run stops at the slice size"
+
+
 def test_a_killed_peer_fails_the_call_within_the_deadline(make_engine, target_process):
     target = target_process(MiB)
     initiator = make_engine(**FAST_FAIL)
