@@ -186,7 +186,7 @@ class StoreClient:
         for (i, _), error, digest in zip(writes, failed, digests):
             if error is not None and results[i] is None:
                 results[i] = error
-            if digest is not None:  # what the copy into a segment this process maps hashed on the way
+            if digest is not None:  # hashed on the way, or while the engine moved it (store.replica_mover)
                 checksums[i] = digest
         done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
         if checksummed:

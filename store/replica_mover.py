@@ -4,10 +4,16 @@ A move is (local address, replica, size). Memory this process can map it copies 
 :mod:`store.segment_copy`, checksumming on the way: its own segment (looked up with no help from
 the engine, the cheapest of all) and another process's segment on this host (whose region the
 engine maps, :meth:`transfer.engine.TransferEngine.shared_views`). The engine moves the rest
-(TCP, RDMA, GPU memory): a small total on the calling thread, a larger one as one engine batch.
+(TCP, RDMA, GPU memory): a small total on the calling thread, a larger one as one engine batch,
+during which the calling thread hashes the sources of the writes (their bytes do not change
+while a put runs), so that a put's checksum costs no time of its own.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import xxhash
 
 from store.objects import ReplicaDescriptor, ReplicaTier
 from store.segment_copy import Copy, SegmentCopier
@@ -42,9 +48,10 @@ class ReplicaMover:
              local_views: list[memoryview | None] | None = None,
              ) -> tuple[list[MooncakeError | None], list[int | None]]:
         """Per move None or the error that ended it, and the checksum of the bytes moved (with
-        ``checksum``) where this process copied them itself, else None. ``local_views``: per move
-        the view of its local range that the caller already looked up (``engine.host_views``:
-        None for GPU memory), so that it is not looked up twice."""
+        ``checksum``) where this process copied them itself, or for a write the engine moves from
+        host memory, taken from that memory while the engine moves it; else None. ``local_views``:
+        per move the view of its local range that the caller already looked up
+        (``engine.host_views``: None for GPU memory), so that it is not looked up twice."""
         errors: list[MooncakeError | None] = [None] * len(moves)
         digests: list[int | None] = [None] * len(moves)
         copies = self._own_copies(opcode, moves, local_views)
@@ -78,7 +85,8 @@ class ReplicaMover:
                 for n in copies:
                     errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
         if unshared:
-            self._engine_move(unshared, errors)
+            hashed = local_views if checksum and opcode == OpCode.WRITE and local_views is not None else None
+            self._engine_move(unshared, errors, lambda: _digest_sources(unshared, hashed, moves, digests))
         return errors, digests
 
     def _own_copies(self, opcode: OpCode, moves: list[Move],
@@ -107,11 +115,14 @@ class ReplicaMover:
                 for n, local, remote in zip(mine, locals_, remotes) if local is not None and remote is not None}
 
     def _engine_move(self, requests: list[tuple[int, TransferRequest]],
-                     errors: list[MooncakeError | None]) -> None:
+                     errors: list[MooncakeError | None], meanwhile: Callable[[], None]) -> None:
         """Move ``requests`` (each with its move's index) through the engine, recording each
-        failure in ``errors``: on the calling thread when small, else as one engine batch."""
+        failure in ``errors``: on the calling thread when small, else as one engine batch, which
+        the calling thread spends running ``meanwhile`` first (it runs once either way)."""
         inline = INLINE_READ_BYTES if requests[0][1].opcode == OpCode.READ else INLINE_BYTES
         if sum(r.length for _, r in requests) <= inline:
+            meanwhile()
+            meanwhile = _nothing
             outcomes = self.engine.transfer_now_many([r for _, r in requests])
             for (n, _), outcome in zip(requests, outcomes):
                 if isinstance(outcome, MooncakeError):
@@ -122,6 +133,7 @@ class ReplicaMover:
         batch = self.engine.allocate_batch_id(len(requests))
         try:
             self.engine.submit_transfer(batch, [r for _, r in requests])
+            meanwhile()
             self.engine.wait_batch(batch)
             for k, (n, _) in enumerate(requests):
                 status = self.engine.get_transfer_status(batch, k)
@@ -135,6 +147,29 @@ class ReplicaMover:
                 self.engine.free_batch_id(batch)
             except MooncakeError:
                 pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
+
+
+def _nothing() -> None:
+    pass
+
+
+def _digest_sources(requests: list[tuple[int, TransferRequest]], views: list[memoryview | None] | None,
+                    moves: list[Move], digests: list[int | None]) -> None:
+    """For the writes ``requests`` (each with its move's index), the checksum of each one's
+    source in host memory (``views``: per move, None for GPU memory), once per source range
+    (an object written to several replicas is hashed once); nothing without ``views``."""
+    if views is None:
+        return
+    taken: dict[tuple[int, int], int] = {}
+    for n, _ in requests:
+        view = views[n]
+        if view is None:
+            continue
+        source = (moves[n][0], moves[n][2])
+        digest = taken.get(source)
+        if digest is None:
+            digest = taken[source] = xxhash.xxh3_64_intdigest(view)
+        digests[n] = digest
 
 
 def _transfer_error(status: TransferStatus) -> MooncakeError:

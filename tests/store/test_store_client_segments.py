@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+import xxhash
 
 from daemons.cluster.store_access import connect
 from store import segment_copy
@@ -193,3 +194,28 @@ def test_reads_over_tcp_up_to_four_mib_run_on_the_callers_thread(mooncake):
         assert batches == []
         client.put("again", value, replicas=1)
         assert batches == [1]
+
+
+def test_writes_over_tcp_record_the_checksum_of_the_bytes_put_on_every_replica(mooncake):
+    """A put the engine moves over TCP is hashed from the writer's memory while the engine
+    moves it (a batch of more than 1 MiB) or before (a small one): the checksum the master
+    records is xxh3 of the bytes put, once per object however many replicas it has, and a
+    get from either replica verifies against it."""
+    mooncake.json("up", "--store-clients", "2", env=FAST)
+    with client_for(mooncake.workdir, transfer_protocol="tcp") as client:
+        values = {"big": value_for("big", (3 << 20) + 4321), "small": value_for("small", 4096)}
+        assert client.batch_put(list(values), list(values.values()), replicas=2) == [None, None]
+        client.put("alone", values["small"], replicas=2)  # on the calling thread, no batch
+        values["alone"] = values["small"]
+        for key, value in values.items():
+            replicas = client.get_replicas(key)
+            assert replicas.checksum == xxhash.xxh3_64_intdigest(value)
+            segments = [r.segment_id for r in replicas.replicas]
+            assert len(set(segments)) == 2
+            memory = np.zeros(len(value), dtype=np.uint8)
+            base = client.register_buffer(memory)
+            for segment in segments:
+                memory[:] = 0
+                assert client.batch_get_into([key], [base], [len(value)], segments=[segment]) == [len(value)]
+                assert bytes(memory) == value
+            client.unregister_buffer(base)
