@@ -304,8 +304,6 @@ class StoreClient:
             failed, digests = self.mover.move(
                 OpCode.READ, [(targets[i][0], r, lists[i].size) for i, r in in_memory], checksummed)
             copied = time.monotonic()  # every in-memory copy of this round finished by now
-            if checksummed and len(in_memory) > 1:  # one object: _verify's own look-up is cheaper
-                self._digest_read(lists, targets, in_memory, failed, digests)
             for (i, _), error, digest in zip(in_memory, failed, digests):
                 if error is None:
                     error = self._verify(lists[i], targets[i][0], asked[i], copied, digest, checksummed)
@@ -333,22 +331,6 @@ class StoreClient:
         if error is None or not pending[i]:
             results[i] = lists[i].size if error is None else error
             del pending[i]
-
-    def _digest_read(self, lists: list, targets: dict[int, tuple[int, int]],
-                     moved: list[tuple[int, ReplicaDescriptor]], failed: list[MooncakeError | None],
-                     digests: list[int | None]) -> None:
-        """Fill in ``digests`` (per move) for the objects ``moved`` into place without one,
-        checksummed where they landed, their memory looked up once per buffer; objects in GPU
-        memory are left to :meth:`_verify`."""
-        read = [n for n, ((i, _), error, digest) in enumerate(zip(moved, failed, digests))
-                if error is None and digest is None and lists[i].checksum is not None]
-        if not read:
-            return
-        indexes = [moved[n][0] for n in read]
-        views = self.engine.host_views([targets[i][0] for i in indexes], [lists[i].size for i in indexes])
-        for n, view in zip(read, views):
-            if view is not None:
-                digests[n] = checksum_of(view)
 
     def _promote(self, replicas: ReplicaList, address: int) -> None:
         """Copy an object just read from disk back into memory (best effort: it stays on disk)."""

@@ -5,13 +5,12 @@ A move is (local address, replica, size). Memory this process can map it copies 
 the engine, the cheapest of all) and another process's segment on this host (whose region the
 engine maps, :meth:`transfer.engine.TransferEngine.shared_views`). The engine moves the rest
 (TCP, RDMA, GPU memory): a small total on the calling thread, a larger one as one engine batch,
-during which the calling thread hashes the sources of the writes (their bytes do not change
-while a put runs), so that a put's checksum costs no time of its own.
+during which the calling thread hashes what it can (the sources of writes, whose bytes do not
+change while a put runs; each read's target once its bytes are in), so that checksums take
+little time of their own.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import xxhash
 
@@ -47,10 +46,10 @@ class ReplicaMover:
     def move(self, opcode: OpCode, moves: list[Move], checksum: bool,
              local_views: list[memoryview | None] | None = None,
              ) -> tuple[list[MooncakeError | None], list[int | None]]:
-        """Per move None or the error that ended it, and the checksum of the bytes moved (with
-        ``checksum``) where this process copied them itself, or for a write the engine moves from
-        host memory, taken from that memory while the engine moves it; else None. ``local_views``:
-        per move the view of its local range that the caller already looked up
+        """Per move None or the error that ended it, and (with ``checksum``) the checksum of the
+        bytes moved to or from host memory: taken on the way where this process copies them
+        itself, else by the calling thread while the engine moves the rest; None for GPU memory.
+        ``local_views``: per move the view of its local range that the caller already looked up
         (``engine.host_views``: None for GPU memory), so that it is not looked up twice."""
         errors: list[MooncakeError | None] = [None] * len(moves)
         digests: list[int | None] = [None] * len(moves)
@@ -85,9 +84,23 @@ class ReplicaMover:
                 for n in copies:
                     errors[n] = TransferFailed(f"copy within this process failed: {exc!r}")
         if unshared:
-            hashed = local_views if checksum and opcode == OpCode.WRITE and local_views is not None else None
-            self._engine_move(unshared, errors, lambda: _digest_sources(unshared, hashed, moves, digests))
+            views = None
+            if checksum:  # GPU memory (a None view) is left to the caller
+                views = local_views if local_views is not None else self._host_views(unshared)
+            self._engine_move(unshared, errors, Digests(views, moves, digests))
         return errors, digests
+
+    def _host_views(self, requests: list[tuple[int, TransferRequest]]) -> list[memoryview | None]:
+        """Per move, the view of its local range (None for GPU memory, and for moves not in
+        ``requests``)."""
+        views: list[memoryview | None] = [None] * (max(n for n, _ in requests) + 1)
+        try:
+            found = self.engine.host_views([r.source for _, r in requests], [r.length for _, r in requests])
+        except MooncakeError:
+            return views  # an unregistered address: the engine reports it move by move
+        for (n, _), view in zip(requests, found):
+            views[n] = view
+        return views
 
     def _own_copies(self, opcode: OpCode, moves: list[Move],
                     local_views: list[memoryview | None] | None) -> dict[int, Copy]:
@@ -115,30 +128,41 @@ class ReplicaMover:
                 for n, local, remote in zip(mine, locals_, remotes) if local is not None and remote is not None}
 
     def _engine_move(self, requests: list[tuple[int, TransferRequest]],
-                     errors: list[MooncakeError | None], meanwhile: Callable[[], None]) -> None:
+                     errors: list[MooncakeError | None], digests: Digests) -> None:
         """Move ``requests`` (each with its move's index) through the engine, recording each
-        failure in ``errors``: on the calling thread when small, else as one engine batch, which
-        the calling thread spends running ``meanwhile`` first (it runs once either way)."""
-        inline = INLINE_READ_BYTES if requests[0][1].opcode == OpCode.READ else INLINE_BYTES
-        if sum(r.length for _, r in requests) <= inline:
-            meanwhile()
-            meanwhile = _nothing
+        failure in ``errors``: on the calling thread when small, else as one engine batch. The
+        calling thread hashes meanwhile (``digests``): a write's source before a small move or
+        while the batch moves (the bytes of a put do not change while it runs), a read's target
+        once its bytes are in, while the rest of the batch still moves."""
+        reading = requests[0][1].opcode == OpCode.READ
+        if sum(r.length for _, r in requests) <= (INLINE_READ_BYTES if reading else INLINE_BYTES):
+            if not reading:
+                digests.take([n for n, _ in requests])
             outcomes = self.engine.transfer_now_many([r for _, r in requests])
             for (n, _), outcome in zip(requests, outcomes):
                 if isinstance(outcome, MooncakeError):
                     errors[n] = outcome
+            if reading:
+                digests.take([n for (n, _), outcome in zip(requests, outcomes) if outcome is True])
             requests = [moved for moved, outcome in zip(requests, outcomes) if outcome is False]
-        if not requests:
-            return
+            if not requests:
+                return
         batch = self.engine.allocate_batch_id(len(requests))
         try:
             self.engine.submit_transfer(batch, [r for _, r in requests])
-            meanwhile()
+            if not reading:
+                digests.take([n for n, _ in requests])
+            elif digests.views is not None:
+                for k, (n, _) in enumerate(requests):
+                    self.engine.wait_batch(batch, first=k + 1)
+                    if self.engine.get_transfer_status(batch, k).status == Status.COMPLETED:
+                        digests.take([n])
             self.engine.wait_batch(batch)
             for k, (n, _) in enumerate(requests):
                 status = self.engine.get_transfer_status(batch, k)
                 if status.status != Status.COMPLETED:
                     errors[n] = _transfer_error(status)
+                    digests.drop(n)
         except MooncakeError as exc:
             for n, _ in requests:
                 errors[n] = errors[n] or exc
@@ -149,27 +173,32 @@ class ReplicaMover:
                 pass  # still pending past its deadline: the engine reports it TIMEOUT anyway
 
 
-def _nothing() -> None:
-    pass
+class Digests:
+    """Fills ``digests`` (per move) with the checksum of each move's local bytes in host memory
+    (``views``: per move its local view, None for GPU memory; no views: nothing is hashed),
+    hashing each source range once (an object written to several replicas is one source)."""
 
+    def __init__(self, views: list[memoryview | None] | None, moves: list[Move],
+                 digests: list[int | None]) -> None:
+        self.views, self.moves, self.digests = views, moves, digests
+        self._taken: dict[tuple[int, int], int] = {}
 
-def _digest_sources(requests: list[tuple[int, TransferRequest]], views: list[memoryview | None] | None,
-                    moves: list[Move], digests: list[int | None]) -> None:
-    """For the writes ``requests`` (each with its move's index), the checksum of each one's
-    source in host memory (``views``: per move, None for GPU memory), once per source range
-    (an object written to several replicas is hashed once); nothing without ``views``."""
-    if views is None:
-        return
-    taken: dict[tuple[int, int], int] = {}
-    for n, _ in requests:
-        view = views[n]
-        if view is None:
-            continue
-        source = (moves[n][0], moves[n][2])
-        digest = taken.get(source)
-        if digest is None:
-            digest = taken[source] = xxhash.xxh3_64_intdigest(view)
-        digests[n] = digest
+    def take(self, indexes: list[int]) -> None:
+        if self.views is None:
+            return
+        for n in indexes:
+            view = self.views[n]
+            if view is None:
+                continue
+            source = (self.moves[n][0], self.moves[n][2])
+            digest = self._taken.get(source)
+            if digest is None:
+                digest = self._taken[source] = xxhash.xxh3_64_intdigest(view)
+            self.digests[n] = digest
+
+    def drop(self, n: int) -> None:
+        """Move ``n`` failed: what was hashed of its target is no object's bytes."""
+        self.digests[n] = None
 
 
 def _transfer_error(status: TransferStatus) -> MooncakeError:

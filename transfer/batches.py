@@ -227,8 +227,10 @@ class BatchMixin:
             batch = self._batch(batch_id)
         return batch.summary(time.monotonic())
 
-    def wait_batch(self, batch_id: int, timeout: float | None = None) -> TransferStatus:
-        """Block until no request of the batch is pending (each has a deadline, so this ends).
+    def wait_batch(self, batch_id: int, timeout: float | None = None, first: int | None = None) -> TransferStatus:
+        """Block until no request of the batch is pending (each has a deadline, so this ends);
+        with ``first``, only until none of its first ``first`` requests is (a caller that works
+        on each request's bytes as they land: :meth:`get_transfer_status` then tells how it went).
 
         The summary's worst status turns FAILED as soon as one request fails, while others may
         still be retrying on another path; waiting for every request keeps a caller that frees
@@ -237,7 +239,7 @@ class BatchMixin:
         limit = None if timeout is None else time.monotonic() + timeout
         with self._batch_lock:
             batch = self._batch(batch_id)
-        tasks = batch.tasks
+        tasks = batch.tasks if first is None else batch.tasks[:first]
         # A request stays settled (not PENDING) once it is, and requests mostly settle in the
         # order they were submitted: each wake-up looks at the first unsettled one onwards, not
         # at all of them (a batch of 128 small requests wakes this up to 128 times). Checked

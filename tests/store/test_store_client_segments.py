@@ -13,6 +13,7 @@ import xxhash
 from daemons.cluster.store_access import connect
 from store import segment_copy
 from store.errors import ChecksumMismatch, ObjectNotFound
+from transfer.batch import OpCode
 from store_cluster import FAST, client_for, config_for, value_for
 
 SEGMENT = 1 << 20
@@ -219,3 +220,36 @@ def test_writes_over_tcp_record_the_checksum_of_the_bytes_put_on_every_replica(m
                 assert client.batch_get_into([key], [base], [len(value)], segments=[segment]) == [len(value)]
                 assert bytes(memory) == value
             client.unregister_buffer(base)
+
+
+def test_a_batch_read_over_tcp_is_verified_as_each_object_lands(mooncake):
+    """Gets the engine moves as one batch over TCP (more than 4 MiB in all): each object is
+    hashed once its own bytes are in, while the rest still move, and verified against its
+    checksum: every object comes back intact into memory that held other bytes, and one whose
+    stored bytes were changed after the put fails alone with ChecksumMismatch."""
+    mooncake.json("up", env={**FAST, "MOONCAKE_SEGMENT_SIZE": "16MiB"})
+    with client_for(mooncake.workdir, transfer_protocol="tcp") as client:
+        values = {f"part-{i}": value_for(f"part-{i}", (1 << 20) + 1000 * i) for i in range(6)}
+        assert client.batch_put(list(values), list(values.values())) == [None] * 6
+        sizes = [len(v) for v in values.values()]
+        sink = np.full(sum(sizes), 0x5A, dtype=np.uint8)
+        base = client.register_buffer(sink)
+        offsets = np.cumsum([0, *sizes])[:-1].tolist()
+        batches = []
+        allocate = client.engine.allocate_batch_id
+        client.engine.allocate_batch_id = lambda capacity: batches.append(capacity) or allocate(capacity)
+        assert client.batch_get_into(list(values), [base + o for o in offsets], sizes) == sizes
+        assert batches == [6], "one engine batch moved them"
+        for value, offset in zip(values.values(), offsets):
+            assert bytes(sink[offset:offset + len(value)]) == value
+
+        # Change one byte of the third object where it is stored, past the store's back.
+        replica = client.get_replicas("part-2").replicas[0]
+        flipped = np.frombuffer(bytes([values["part-2"][100] ^ 0xFF]), dtype=np.uint8).copy()
+        client.register_buffer(flipped)
+        assert client.move_ranges(OpCode.WRITE, [(flipped.ctypes.data, replica, 100, 1)]) == [None]
+        sink[:] = 0x5A
+        results = client.batch_get_into(list(values), [base + o for o in offsets], sizes)
+        assert isinstance(results[2], ChecksumMismatch)
+        assert results[:2] + results[3:] == sizes[:2] + sizes[3:]
+        client.unregister_buffer(base)
