@@ -154,8 +154,7 @@ class ReplicaMover:
                 digests.take([n for n, _ in requests])
             elif digests.views is not None:
                 for k, (n, _) in enumerate(requests):
-                    self.engine.wait_batch(batch, first=k + 1)
-                    if self.engine.get_transfer_status(batch, k).status == Status.COMPLETED:
+                    if self.engine.wait_request(batch, k).status == Status.COMPLETED:
                         digests.take([n])
             self.engine.wait_batch(batch)
             for k, (n, _) in enumerate(requests):

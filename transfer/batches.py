@@ -227,10 +227,21 @@ class BatchMixin:
             batch = self._batch(batch_id)
         return batch.summary(time.monotonic())
 
-    def wait_batch(self, batch_id: int, timeout: float | None = None, first: int | None = None) -> TransferStatus:
-        """Block until no request of the batch is pending (each has a deadline, so this ends);
-        with ``first``, only until none of its first ``first`` requests is (a caller that works
-        on each request's bytes as they land: :meth:`get_transfer_status` then tells how it went).
+    def wait_request(self, batch_id: int, index: int) -> TransferStatus:
+        """Block until request ``index`` of the batch is no longer pending (its deadline ends
+        this); its status. For a caller that works on each request's bytes as they land."""
+        with self._batch_lock:
+            batch = self._batch(batch_id)
+            if not 0 <= index < len(batch.tasks):
+                raise InvalidArgument(f"batch {batch_id} has no request {index}")
+            task = batch.tasks[index]
+        with self._progress:  # the lock ``done`` notifies with: a settling cannot be missed
+            while batch.open and task.pending(time.monotonic()):
+                self._progress.wait(0.05)
+        return task.status()
+
+    def wait_batch(self, batch_id: int, timeout: float | None = None) -> TransferStatus:
+        """Block until no request of the batch is pending (each has a deadline, so this ends).
 
         The summary's worst status turns FAILED as soon as one request fails, while others may
         still be retrying on another path; waiting for every request keeps a caller that frees
@@ -239,7 +250,7 @@ class BatchMixin:
         limit = None if timeout is None else time.monotonic() + timeout
         with self._batch_lock:
             batch = self._batch(batch_id)
-        tasks = batch.tasks if first is None else batch.tasks[:first]
+        tasks = batch.tasks
         # A request stays settled (not PENDING) once it is, and requests mostly settle in the
         # order they were submitted: each wake-up looks at the first unsettled one onwards, not
         # at all of them (a batch of 128 small requests wakes this up to 128 times). Checked
@@ -290,18 +301,16 @@ class BatchMixin:
         one or two segments. A batch under one plan (see :meth:`_common_plan`) is planned once;
         over TCP its requests that continue each other on both sides travel as one range."""
         uniform = self._uniform_plan(requests)
-        if isinstance(uniform, MooncakeError):
-            return [uniform] * len(requests)
         if uniform is not None:
-            columns, (local, peer, remote, transport) = uniform
+            columns, plan = uniform
+            local, peer, _, transport = plan
             if isinstance(transport, TcpTransport):
                 return self._move_runs_now(columns, local, peer, transport)
-            try:
-                region = transport.region_view(peer, remote)
-            except (OSError, ValueError) as exc:
-                return [self._unmappable(peer, exc)] * len(requests)
+            pairs = self._mapped_views(columns, plan)
+            if isinstance(pairs, MooncakeError):
+                return [pairs] * len(requests)
             opcode = requests[0].opcode
-            for local_view, remote_view in _views(columns, local, remote, region):
+            for local_view, remote_view in pairs:
                 ShmTransport.copy_between(opcode, local_view, remote_view)
             return [True] * len(requests)
         outcomes: list[bool | MooncakeError] = [False] * len(requests)
@@ -348,17 +357,12 @@ class BatchMixin:
         if not any(isinstance(t, ShmTransport) for t in self.transports):
             return shared  # TCP forced: nothing to plan twice
         uniform = self._uniform_plan(requests)
-        if isinstance(uniform, MooncakeError):
-            return [uniform] * len(requests)
         if uniform is not None:
-            columns, (local, peer, remote, transport) = uniform
-            if not isinstance(transport, ShmTransport):
+            columns, plan = uniform
+            if not isinstance(plan[3], ShmTransport):
                 return shared
-            try:
-                region = transport.region_view(peer, remote)
-            except (OSError, ValueError) as exc:
-                return [self._unmappable(peer, exc)] * len(requests)
-            return _views(columns, local, remote, region)
+            pairs = self._mapped_views(columns, plan)
+            return [pairs] * len(requests) if isinstance(pairs, MooncakeError) else pairs
         views: dict[str, memoryview] = {}  # region name -> its checked, mapped view
         for n, request, plan in self._plan_each(requests):
             if isinstance(plan, MooncakeError):
@@ -375,7 +379,7 @@ class BatchMixin:
                 shared[n] = self._unmappable(peer, exc)
         return shared
 
-    def _uniform_plan(self, requests: list[TransferRequest]) -> tuple[_Columns, tuple] | MooncakeError | None:
+    def _uniform_plan(self, requests: list[TransferRequest]) -> tuple[_Columns, tuple] | None:
         """For a batch under one plan (see :meth:`_common_plan`) from host memory to a peer
         that shared memory or TCP reaches: its columns and that plan. None for any other
         batch, which is planned request by request."""
@@ -388,35 +392,36 @@ class BatchMixin:
             return None
         return columns, plan
 
+    def _mapped_views(self, columns: _Columns, plan: tuple) -> list[tuple[memoryview, memoryview]] | MooncakeError:
+        """Each request's (local, remote) byte views for a batch under one shared-memory
+        ``plan``, from one mapping of the peer's region; the error when it cannot be mapped."""
+        local, peer, remote, transport = plan
+        try:
+            region = transport.region_view(peer, remote)
+        except (OSError, ValueError) as exc:
+            return self._unmappable(peer, exc)
+        mine, local_base, remote_base = local.view, local.address, remote.address
+        return [(mine[source - local_base:source - local_base + length],
+                 region[offset - remote_base:offset - remote_base + length])
+                for source, offset, length in zip(columns.sources, columns.offsets, columns.lengths)]
+
     def _move_runs_now(self, columns: _Columns, local: RegisteredBuffer, peer: SegmentDescriptor,
                        transport: TcpTransport) -> list[bool | MooncakeError]:
         """Move a batch under one TCP plan on the calling thread, as one request group: its
         requests that continue each other on both sides (a batch of pages, a batch of objects
         placed one after the other) as one range each, up to the slice size, unless a grant
         travels with them (the target checks each range against its own request's grant)."""
-        opcodes, sources, _, offsets, lengths, grants = columns
-        limit = 0 if any(grants) else self.options.slice_size
+        opcodes, sources, _, offsets, _, grants = columns
         view, base = local.view, local.address
-        moves: list = []
-        first_of: list[int] = []  # per move, its first request
-        n = 0
-        while n < len(sources):
-            end, size = n + 1, lengths[n]
-            while (end < len(sources) and size + lengths[end] <= limit
-                   and sources[end] == sources[end - 1] + lengths[end - 1]
-                   and offsets[end] == offsets[end - 1] + lengths[end - 1]):
-                size += lengths[end]
-                end += 1
-            start = sources[n] - base
-            moves.append((opcodes[n], view[start:start + size], offsets[n], grants[n]))
-            first_of.append(n)
-            n = end
+        stretches = _stretches(columns, 0 if any(grants) else self.options.slice_size)
+        moves = [(opcodes[start], view[sources[start] - base:sources[start] - base + length], offsets[start],
+                  grants[start]) for start, _, length in stretches]
         errors = transport.move_now(peer, local.location, moves)
         if any(errors):  # the peer may have restarted or moved, as after a batch's failure
             self.segments.invalidate(peer.name, peer.incarnation)
         outcomes: list[bool | MooncakeError] = []
-        for first, after, error in zip(first_of, [*first_of[1:], len(sources)], errors):
-            outcomes.extend([error or True] * (after - first))
+        for (start, stop, _), error in zip(stretches, errors):
+            outcomes.extend([error or True] * (stop - start))
         return outcomes
 
     def _plan_each(self, requests: list[TransferRequest],
@@ -505,37 +510,34 @@ def _columns(requests: list[TransferRequest]) -> _Columns | None:
     return _Columns(*zip(*requests))
 
 
-def _views(columns: _Columns, local: RegisteredBuffer, remote: BufferDesc,
-           region: memoryview) -> list[tuple[memoryview, memoryview]]:
-    """Each request's (local, remote) byte views, ``region`` being the peer's mapped buffer."""
-    mine, local_base, remote_base = local.view, local.address, remote.address
-    return [(mine[source - local_base:source - local_base + length],
-             region[offset - remote_base:offset - remote_base + length])
-            for source, offset, length in zip(columns.sources, columns.offsets, columns.lengths)]
-
-
 def _runs(tasks: list[Task], plan: tuple, limit: int, columns: _Columns) -> list[Slice]:
     """The slices moving ``tasks`` (of one plan, each one slice; ``columns``: their requests'):
-    one per stretch of requests that continue each other on both sides, up to ``limit`` bytes
-    each. The stretches are found with C-speed passes over the columns, not a Python round per
-    request."""
+    one per stretch of requests that continue each other on both sides (see :func:`_stretches`)."""
+    return [_run_slice(tasks[start:stop], plan, length) for start, stop, length in _stretches(columns, limit)]
+
+
+def _stretches(columns: _Columns, limit: int) -> list[tuple[int, int, int]]:
+    """(first request, after the last, bytes) of each stretch of requests that continue each
+    other on both sides, up to ``limit`` bytes each (a longer request alone; limit 0: each
+    request alone). Found with C-speed passes over the columns, not a Python round per request."""
     sources, offsets, lengths = columns.sources, columns.offsets, columns.lengths
-    if len(set(lengths)) == 1 and sources == tuple(range(sources[0], sources[0] + len(tasks) * lengths[0], lengths[0])) \
-            and offsets == tuple(range(offsets[0], offsets[0] + len(tasks) * lengths[0], lengths[0])):
+    count = len(lengths)
+    if len(set(lengths)) == 1 and sources == tuple(range(sources[0], sources[0] + count * lengths[0], lengths[0])) \
+            and offsets == tuple(range(offsets[0], offsets[0] + count * lengths[0], lengths[0])):
         breaks: Iterable[int] = ()  # equal blocks laid end to end on both sides: one stretch
     else:
         ends = map(operator.add, sources, lengths)
         remote_ends = map(operator.add, offsets, lengths)
-        breaks = itertools.compress(range(1, len(tasks)), map(operator.or_, map(operator.ne, sources[1:], ends),
-                                                              map(operator.ne, offsets[1:], remote_ends)))
+        breaks = itertools.compress(range(1, count), map(operator.or_, map(operator.ne, sources[1:], ends),
+                                                         map(operator.ne, offsets[1:], remote_ends)))
     sums = list(itertools.accumulate(lengths, initial=0))  # sums[i]: bytes before request i
-    pieces = []
-    for start, stop in itertools.pairwise([0, *breaks, len(tasks)]):
+    stretches = []
+    for start, stop in itertools.pairwise([0, *breaks, count]):
         while start < stop:
             end = max(start + 1, bisect.bisect_right(sums, sums[start] + limit, start + 1, stop + 1) - 1)
-            pieces.append(_run_slice(tasks[start:end], plan, sums[end] - sums[start]))
+            stretches.append((start, end, sums[end] - sums[start]))
             start = end
-    return pieces
+    return stretches
 
 
 def _run_slice(run: list[Task], plan: tuple, length: int) -> Slice:
