@@ -13,6 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# pytest-xdist's workers run with COLUMNS=80 set, and the CLI, as rich does, takes COLUMNS as the
+# terminal's width: every `mooncake` a test runs would print as if to an 80-column terminal, not
+# as a script that pipes it sees it.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 
 def require_program(program: str, package: str) -> str:
     """The path of an external program a test needs; if it is missing, the test fails with one
