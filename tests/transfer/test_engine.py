@@ -320,6 +320,41 @@ def test_a_batch_within_one_buffer_moves_in_runs_and_each_request_ends_on_its_ow
     initiator.free_batch_id(batch)
 
 
+def test_a_long_stretch_moves_in_long_runs_and_a_short_one_in_short_runs(make_engine, monkeypatch):
+    """A stretch of contiguous requests at least LONG_RUN_BYTES long is copied in runs that
+    long (memcpy's non-temporal stores start past tens of MiB); a shorter one in runs of
+    RUN_BYTES, spread over the copy threads. Every byte lands where its request says."""
+    from transfer import batches
+    from transfer.shm import transport as shm
+
+    copies = []
+    real_copy = shm._copy
+    monkeypatch.setattr(shm, "_copy",
+                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
+    for module in (shm, batches):
+        monkeypatch.setattr(module, "RUN_BYTES", 128 * 1024)
+    monkeypatch.setattr(shm, "LONG_RUN_BYTES", 512 * 1024)
+    target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=2)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    data = np.random.default_rng(4).integers(0, 256, 2 * MiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    block = 64 * 1024
+    requests = [TransferRequest(OpCode.WRITE, source + i * block, handle, base + i * block, block)
+                for i in range(20)]  # 1.25 MiB: two long runs and one short
+    requests += [TransferRequest(OpCode.WRITE, source + (20 + i) * block, handle, base + (24 + i) * block, block)
+                 for i in range(6)]  # after a gap on the remote side, 384 KiB: three short runs
+    batch = initiator.allocate_batch_id(len(requests))
+    initiator.submit_transfer(batch, requests)
+    assert initiator.wait_batch(batch).status == Status.COMPLETED
+    assert all(initiator.get_transfer_status(batch, i) == TransferStatus(Status.COMPLETED, block)
+               for i in range(len(requests)))
+    initiator.free_batch_id(batch)
+    assert sorted(copies) == [128 * 1024] * 3 + [256 * 1024] + [512 * 1024] * 2
+    assert np.array_equal(remote[:20 * block], data[:20 * block])
+    assert np.array_equal(remote[24 * block:30 * block], data[20 * block:26 * block])
+    assert not remote[20 * block:24 * block].any()
+
+
 def test_tcp_sends_contiguous_small_requests_as_slice_sized_runs_unless_they_carry_grants(make_engine, monkeypatch):
     """Over TCP a run of whole requests goes as one slice of up to the slice size (one header
     and one completion instead of one per request); each request still ends on its own

@@ -7,8 +7,8 @@ that every copy thread drains, not one pool task per slice: for a 64 KiB slice t
 the pool costs more than the copy. Slices that continue each other on both sides (a batch of
 small requests over contiguous memory, as KV pages and the benchmark are laid out) are copied as
 one run of up to ``RUN_BYTES``: one large copy, without the GIL, instead of a Python round per
-slice. A region that cannot be opened means the peer restarted or went away: the slice fails
-without retry.
+slice; a stretch of at least ``LONG_RUN_BYTES`` in runs of that size (:func:`plan_runs`). A region
+that cannot be opened means the peer restarted or went away: the slice fails without retry.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ from transfer.transport import SliceSink, Transport
 # The most one copy thread takes off the queue as one run: small enough that a batch of a few
 # MiB still spreads over the copy threads, large enough that the per-run Python work is noise.
 RUN_BYTES = 4 << 20
+# Past a threshold (3/4 of the last-level cache as glibc sizes it on x86: 48 MiB here) memcpy
+# writes with non-temporal stores, which skip reading the destination into the cache first:
+# one 64 MiB copy ran at 9.4 GB/s here where 4 MiB copies, one or two threads at a time, ran at
+# 5-6. So a stretch this long goes in runs this long, and the copy threads take whole runs.
+LONG_RUN_BYTES = 64 << 20
 
 
 class ShmTransport(Transport):
@@ -47,46 +52,43 @@ class ShmTransport(Transport):
         that one copy, not at once."""
         if not pieces:
             return
-        queue = collections.deque(pieces)  # in submission order: the first requests land first
+        queue = collections.deque(plan_runs(pieces))  # in submission order: the first requests land first
         first = queue.popleft()
         for _ in range(min(self._threads, len(queue))):
             self._pool.submit(self._drain, queue)
         self._copy(first, queue, {})
 
-    def _drain(self, queue: collections.deque[Slice]) -> None:
-        """Copy runs of slices off the shared ``queue`` until it is empty. Each region is mapped
-        and checked alive once per drain rather than once per slice."""
+    def _drain(self, queue: collections.deque[list[Slice]]) -> None:
+        """Copy runs off the shared ``queue`` until it is empty. Each region is mapped and checked
+        alive once per drain rather than once per run."""
         views: dict[str, memoryview] = {}
         while True:
             try:
-                piece = queue.popleft()
+                run = queue.popleft()
             except IndexError:
                 return
-            self._copy(piece, queue, views)
+            self._copy(run, queue, views)
 
-    def _copy(self, first: Slice, queue: collections.deque[Slice], views: dict[str, memoryview]) -> None:
-        """Copy ``first`` and the slices at the head of ``queue`` that continue it inside the same
-        peer buffer, as one run."""
+    def _copy(self, run: list[Slice], queue: collections.deque[list[Slice]], views: dict[str, memoryview]) -> None:
+        """Copy ``run`` (slices that continue each other) as one copy, up to the end of the peer
+        buffer its first slice is in; what lies past it goes back to the head of ``queue``."""
+        first = run[0]
         try:
             buffer = first.peer.find_buffer(first.remote_address, first.length)
             view = views.get(buffer.shm_name)
             if view is None:
                 view = views[buffer.shm_name] = self.region_view(first.peer, buffer)
         except (OSError, ValueError) as exc:
-            self._sink.failed(first, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
+            for piece in run:
+                self._sink.failed(piece, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
             return
-        run = [first]
-        size, room = first.length, buffer.end - first.remote_address
-        while size < RUN_BYTES:
-            try:
-                following = queue.popleft()
-            except IndexError:
+        size, room = 0, buffer.end - first.remote_address
+        for count, piece in enumerate(run):
+            if size + piece.length > room:  # the next peer buffer, adjacent in address only
+                queue.appendleft(run[count:])
+                run = run[:count]
                 break
-            if not run[-1].continued_by(following) or size + following.length > room:
-                queue.appendleft(following)  # another thread may have taken the next one: fine
-                break
-            run.append(following)
-            size += following.length
+            size += piece.length
         start = first.remote_address - buffer.address
         try:
             local = first.local_buffer.view[first.local_offset:first.local_offset + size]
@@ -148,6 +150,32 @@ class ShmTransport(Transport):
             self._regions.clear()
         for region in regions:
             region.close()
+
+
+def plan_runs(pieces: list[Slice]) -> list[list[Slice]]:
+    """``pieces`` in order, grouped into runs: slices that continue each other on both sides,
+    up to RUN_BYTES a run, or up to LONG_RUN_BYTES within a stretch at least that long."""
+    runs: list[list[Slice]] = []
+    stretch: list[Slice] = []
+    for piece in pieces:
+        if stretch and not stretch[-1].continued_by(piece):
+            runs += _cut(stretch)
+            stretch = []
+        stretch.append(piece)
+    return runs + _cut(stretch)
+
+
+def _cut(stretch: list[Slice]) -> list[list[Slice]]:
+    limit = LONG_RUN_BYTES if sum(piece.length for piece in stretch) >= LONG_RUN_BYTES else RUN_BYTES
+    runs: list[list[Slice]] = []
+    size = 0
+    for piece in stretch:
+        if not runs or size + piece.length > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(piece)
+        size += piece.length
+    return runs
 
 
 def _copy(opcode: OpCode, local: memoryview, remote: memoryview) -> None:
