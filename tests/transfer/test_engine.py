@@ -238,16 +238,29 @@ def test_a_large_read_on_the_callers_thread_is_split_over_two_links(make_engine)
     assert tcp._stripes(writes, 2) == [writes]
 
 
+def _recorded_shm_copies(monkeypatch, run_bytes: int = 0, long_run_bytes: int = 0) -> list[int]:
+    """The length of every copy the shared-memory transport makes from now on, in order;
+    with ``run_bytes`` and ``long_run_bytes`` its run limits scaled down to them."""
+    from transfer import batches
+    from transfer.shm import transport as shm
+
+    copies: list[int] = []
+    real_copy = shm._copy
+    monkeypatch.setattr(shm, "_copy",
+                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
+    if run_bytes:
+        for module in (shm, batches):
+            monkeypatch.setattr(module, "RUN_BYTES", run_bytes)
+    if long_run_bytes:
+        monkeypatch.setattr(shm, "LONG_RUN_BYTES", long_run_bytes)
+    return copies
+
+
 def test_shm_copies_requests_that_continue_each_other_as_one_run(make_engine, monkeypatch):
     """A batch of small contiguous requests becomes a few large copies; requests that do not
     continue the previous one (a gap, the other local buffer, the other direction) start a new
     run, and every byte lands where its own request said."""
-    from transfer.shm import transport as shm
-
-    copies = []
-    real_copy = shm._copy
-    monkeypatch.setattr(shm, "_copy",
-                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
+    copies = _recorded_shm_copies(monkeypatch)
     target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=1)
     base = initiator.segment_descriptor(handle).buffers[0].address
     rng = np.random.default_rng(7)
@@ -276,28 +289,25 @@ def test_shm_copies_requests_that_continue_each_other_as_one_run(make_engine, mo
     assert copies == [16 * block]
 
 
+def _writes(source: int, handle, base: int, block: int, local_block: int, remote_block: int,
+            count: int) -> list[TransferRequest]:
+    """``count`` WRITEs of ``block`` bytes, laid end to end on both sides from the given blocks."""
+    return [TransferRequest(OpCode.WRITE, source + (local_block + i) * block, handle,
+                            base + (remote_block + i) * block, block) for i in range(count)]
+
+
 def test_a_batch_within_one_buffer_moves_in_runs_and_each_request_ends_on_its_own_account(make_engine, monkeypatch):
     """Contiguous requests inside one local and one peer buffer (KV pages) are planned as a
     whole and moved as runs of at most RUN_BYTES; each request still reports its own status
     and bytes, and when a run cannot be moved every request it carried fails at once."""
-    from transfer import batches
-    from transfer.shm import transport as shm
-
-    copies = []
-    real_copy = shm._copy
-    monkeypatch.setattr(shm, "_copy",
-                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
-    for module in (shm, batches):
-        monkeypatch.setattr(module, "RUN_BYTES", 256 * 1024)
+    copies = _recorded_shm_copies(monkeypatch, run_bytes=256 * 1024)
     target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=1)
     base = initiator.segment_descriptor(handle).buffers[0].address
     data = np.random.default_rng(3).integers(0, 256, 2 * MiB, dtype=np.uint8)
     source = initiator.register_local_memory(data)
     block = 32 * 1024
-    requests = [TransferRequest(OpCode.WRITE, source + i * block, handle, base + i * block, block)
-                for i in range(12)]  # 384 KiB: a run of 256 KiB and one of 128 KiB
-    requests += [TransferRequest(OpCode.WRITE, source + (12 + i) * block, handle, base + (20 + i) * block, block)
-                 for i in range(12)]  # after a gap on the remote side: the same again
+    requests = _writes(source, handle, base, block, 0, 0, 12)  # 384 KiB: a run of 256 KiB and one of 128 KiB
+    requests += _writes(source, handle, base, block, 12, 20, 12)  # after a gap on the remote side: the same again
     batch = initiator.allocate_batch_id(len(requests))
     initiator.submit_transfer(batch, requests)
     status = initiator.wait_batch(batch)
@@ -324,25 +334,14 @@ def test_a_long_stretch_moves_in_long_runs_and_a_short_one_in_short_runs(make_en
     """A stretch of contiguous requests at least LONG_RUN_BYTES long is copied in runs that
     long (memcpy's non-temporal stores start past tens of MiB); a shorter one in runs of
     RUN_BYTES, spread over the copy threads. Every byte lands where its request says."""
-    from transfer import batches
-    from transfer.shm import transport as shm
-
-    copies = []
-    real_copy = shm._copy
-    monkeypatch.setattr(shm, "_copy",
-                        lambda op, local, remote: copies.append(local.nbytes) or real_copy(op, local, remote))
-    for module in (shm, batches):
-        monkeypatch.setattr(module, "RUN_BYTES", 128 * 1024)
-    monkeypatch.setattr(shm, "LONG_RUN_BYTES", 512 * 1024)
+    copies = _recorded_shm_copies(monkeypatch, run_bytes=128 * 1024, long_run_bytes=512 * 1024)
     target, initiator, remote, handle = _pair(make_engine, protocol="shm", shm_copy_threads=2)
     base = initiator.segment_descriptor(handle).buffers[0].address
     data = np.random.default_rng(4).integers(0, 256, 2 * MiB, dtype=np.uint8)
     source = initiator.register_local_memory(data)
     block = 64 * 1024
-    requests = [TransferRequest(OpCode.WRITE, source + i * block, handle, base + i * block, block)
-                for i in range(20)]  # 1.25 MiB: two long runs and one short
-    requests += [TransferRequest(OpCode.WRITE, source + (20 + i) * block, handle, base + (24 + i) * block, block)
-                 for i in range(6)]  # after a gap on the remote side, 384 KiB: three short runs
+    requests = _writes(source, handle, base, block, 0, 0, 20)  # 1.25 MiB: two long runs and one short
+    requests += _writes(source, handle, base, block, 20, 24, 6)  # after a gap on the remote side, 384 KiB: three short runs
     batch = initiator.allocate_batch_id(len(requests))
     initiator.submit_transfer(batch, requests)
     assert initiator.wait_batch(batch).status == Status.COMPLETED
