@@ -56,7 +56,7 @@ class ShmTransport(Transport):
         first = queue.popleft()
         for _ in range(min(self._threads, len(queue))):
             self._pool.submit(self._drain, queue)
-        self._copy(first, queue, {})
+        self._copy(first, {})
 
     def _drain(self, queue: collections.deque[list[Slice]]) -> None:
         """Copy runs off the shared ``queue`` until it is empty. Each region is mapped and checked
@@ -67,11 +67,18 @@ class ShmTransport(Transport):
                 run = queue.popleft()
             except IndexError:
                 return
-            self._copy(run, queue, views)
+            self._copy(run, views)
 
-    def _copy(self, run: list[Slice], queue: collections.deque[list[Slice]], views: dict[str, memoryview]) -> None:
-        """Copy ``run`` (slices that continue each other) as one copy, up to the end of the peer
-        buffer its first slice is in; what lies past it goes back to the head of ``queue``."""
+    def _copy(self, run: list[Slice], views: dict[str, memoryview]) -> None:
+        """Copy ``run`` (slices that continue each other) as one copy per peer buffer it reaches:
+        two buffers may be adjacent in address only. The rest of a run is copied here, not put
+        back on the queue, where no copy thread might be left to take it."""
+        while run:
+            run = self._copy_within_buffer(run, views)
+
+    def _copy_within_buffer(self, run: list[Slice], views: dict[str, memoryview]) -> list[Slice]:
+        """Copy the slices of ``run`` that lie in the peer buffer its first slice is in; the
+        slices past that buffer, for the next copy (none once the peer cannot be mapped)."""
         first = run[0]
         try:
             buffer = first.peer.find_buffer(first.remote_address, first.length)
@@ -81,30 +88,29 @@ class ShmTransport(Transport):
         except (OSError, ValueError) as exc:
             for piece in run:
                 self._sink.failed(piece, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
-            return
-        size, room = 0, buffer.end - first.remote_address
-        for count, piece in enumerate(run):
-            if size + piece.length > room:  # the next peer buffer, adjacent in address only
-                queue.appendleft(run[count:])
-                run = run[:count]
-                break
-            size += piece.length
+            return []
+        size, room, count = 0, buffer.end - first.remote_address, 0
+        while count < len(run) and size + run[count].length <= room:
+            size += run[count].length
+            count += 1
+        run, rest = run[:count], run[count:]
         start = first.remote_address - buffer.address
         try:
             local = first.local_buffer.view[first.local_offset:first.local_offset + size]
             remote = view[start:start + size]  # ValueError once forget_peer released it
         except ValueError as exc:
-            for piece in run:
+            for piece in run + rest:
                 self._sink.failed(piece, f"cannot map {first.peer.name}'s memory: {exc}", None, fatal=True)
-            return
+            return []
         try:
             _copy(first.opcode, local, remote)
         except Exception as exc:  # reported, or its requests would wait for their deadline
             for piece in run:
                 self._sink.failed(piece, f"copy failed: {exc!r}", None, fatal=True)
-            return
+            return rest
         for piece in run:
             self._sink.done(piece)
+        return rest
 
     def region_view(self, peer: SegmentDescriptor, buffer: BufferDesc) -> memoryview:
         """The peer's ``buffer`` mapped here, for copies on the caller's thread (for a small
