@@ -19,11 +19,13 @@ import xxhash
 from transfer.memory import SMALL_COPY, copy_into
 
 # The hash reads each piece right after the copy wrote it, from cache. Not smaller: glibc copies
-# pieces from 2 KiB up to the L2 size (512 KiB on AMD) with `rep movsb`, which on this AMD EPYC
-# VM ran at 1.6-2.4 GB/s out of a segment's shared memory against 6-11 GB/s for its vector loop
-# beyond that size; copying and hashing 16 MiB out of shared memory in pieces of 256 KiB / 512
-# KiB / 1 MiB / 2 MiB ran at 2.1-2.2 / 6.0-6.1 / 5.8-6.0 / 5.8-6.0 GB/s, into it at 6.3-6.6 for
-# every size (/tmp/ck.py in the note).
+# pieces from 2 KiB up to about 512 KiB (the L2 size, on AMD) with `rep movsb`, which on this AMD
+# EPYC VM ran at 1.4-1.6 GB/s wherever the target lay 8-31 bytes past the source modulo a page
+# (a segment's page-aligned range read into a malloc'd buffer, 16 bytes past a page) against
+# 5.6-8.0 at other offsets; from 512 KiB its vector loop runs at full speed whatever the offset.
+# Copying and hashing 16 MiB out of shared memory into such a buffer in pieces of 256 KiB / 512
+# KiB / 1 MiB / 2 MiB ran at 2.1-2.2 / 6.0-6.1 / 5.8-6.0 / 5.8-6.0 GB/s, into shared memory at
+# 6.3-6.6 for every size (/work/s25/ck.py and align3.py in the session 25 note).
 CHUNK = 1 << 20
 # Below this a batch stays on the calling thread. One thread copying and hashing already takes
 # most of a small VM's memory bandwidth (14-16 GB/s on the 2-core development VM): a second one
