@@ -101,9 +101,7 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(pd_c
     info = answer["mooncake"]
     # Where the index says the prefix is (from the master's KV events): the holder's own segment
     # when prefill workers announce one in their heartbeat, else the shared pool.
-    runner_info = pd_cluster[2]
-    address = next(d["address"] for d in runner_info["daemons"] if d["role"] == "conductor")
-    with RpcClient(address, secret=pd_cluster[0].secret) as conductor:
+    with _conductor(runner, pd_cluster[2]) as conductor:
         source = holder if holder in conductor.call("conductor.index")["locations"] else POOL
     assert info["prefill"] != holder and info["reason"] == "transfer" and info["transfer_from"] == source
     assert info["prefix_tokens"] == 5 * BLOCK
@@ -121,10 +119,14 @@ def test_prefix_on_the_other_prefill_worker_moves_and_gives_the_same_tokens(pd_c
 
 
 def test_a_local_hit_reads_the_prefix_from_the_workers_own_segment(pd_cluster, reference):
-    runner, url, _ = pd_cluster
+    runner, url, info = pd_cluster
     shared = prompt(3 * BLOCK, seed=50)
     first, second = shared + prompt(20, seed=51)[1:], shared + prompt(25, seed=52)[1:]
     holder = complete(url, prompt=first, max_tokens=1)["mooncake"]["prefill"]
+    # The holder puts the prefix after it reported (in the background); the conductor learns of
+    # it from the master's KV events. Until then the second prompt is rightly a miss.
+    with _conductor(runner, info) as conductor:
+        wait_until(lambda: all(_index_holders(conductor, prefix_block_keys(shared, BLOCK))))
     answer = complete(url, prompt=second, max_tokens=6)
     info = answer["mooncake"]
     assert info["reason"] == "local_hit" and info["prefill"] == holder and info["prefix_tokens"] == 3 * BLOCK
@@ -215,14 +217,12 @@ def test_the_conductor_index_forgets_what_the_store_removed(pd_cluster):
     """The index follows the master's KV events: a block goes from it as soon as one of its
     layers is removed from the store, and everything goes with remove_all."""
     runner, url, info = pd_cluster
-    address = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
     tokens = prompt(3 * BLOCK + 5, seed=30)
     complete(url, prompt=tokens, max_tokens=1)
     keys = prefix_block_keys(tokens, BLOCK)
-    wanted = [format_key(k) for k in keys]
-    with RpcClient(address, secret=runner.secret) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
+    with _conductor(runner, info) as conductor, connect(resolve({"workdir": str(runner.workdir)}, environ={})) as store:
         def holders() -> list[list[str]]:
-            return [conductor.call("conductor.index", {"blocks": wanted})["holders"][k] for k in wanted]
+            return _index_holders(conductor, keys)
 
         wait_until(lambda: all(holders()))
         store.remove(object_key(keys[1], 1), force=True)  # one layer of the middle block
@@ -235,6 +235,19 @@ def test_the_conductor_index_forgets_what_the_store_removed(pd_cluster):
         assert view["max_blocks"] == 1_000_000
         with pytest.raises(MooncakeError, match="not a block key"):
             conductor.call("conductor.index", {"blocks": ["nope"]})
+
+
+
+def _conductor(runner, info: dict) -> RpcClient:
+    """A raw RPC client of the cluster's conductor, presenting its secret."""
+    address = next(d["address"] for d in info["daemons"] if d["role"] == "conductor")
+    return RpcClient(address, secret=runner.secret)
+
+
+def _index_holders(conductor: RpcClient, keys: list) -> list[list[str]]:
+    """Per block key, the instances the conductor's index says hold it."""
+    wanted = [format_key(k) for k in keys]
+    return [conductor.call("conductor.index", {"blocks": wanted})["holders"][k] for k in wanted]
 
 
 def _kill(info: dict, name: str) -> None:
