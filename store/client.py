@@ -279,7 +279,8 @@ class StoreClient:
         if reusing:
             fresh = set(range(len(keys))).difference(reused)
             self.held_leases.hold([(keys[i], lists[i], asked[i]) for i in fresh
-                                   if not isinstance(results[i], MooncakeError)], time.monotonic())
+                                   if not isinstance(results[i], MooncakeError)], time.monotonic(),
+                                  first_read=len(keys) == 1)
         self.stats.record_gets(results, len(reused))
         return results
 

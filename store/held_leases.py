@@ -7,7 +7,10 @@ the replica list that came with it still says where those very bytes are, and an
 can go straight to them: no round trip, the master's CPU left to others.
 
 What keeps that honest:
-- a list is kept only from a key's second read (a scan that reads each key once holds none),
+- a list is kept from a key's second read when its get named several keys (a batch scan that
+  reads each key once holds none), from its first when it named one key: a single get's round
+  trip (100-200 us) is most of its time and holding costs a few us, while a batch's share of its
+  round trip per key (~5 us) is not worth holding for keys a scan never reads again; and only
   once a read through it was verified against the object's checksum, and only while every
   replica is in memory (a disk read may promote the object, which the master
   must hear of); every reuse verifies the checksum again, so a reuse never returns bytes other
@@ -39,7 +42,8 @@ class HeldLeases:
         self.capacity = capacity
         # key -> _Entry, in the order the leases were asked for
         self._held: OrderedDict[str, _Entry] = OrderedDict()
-        # Keys read once: a list is held only from a key's second read. Holding costs a client
+        # Keys read once by a get of several keys, whose lists are held only from a key's second
+        # read (a get of one key holds from the first). Holding costs a client
         # several us a key (its entries' memory and the cycle collector's passes over them:
         # 48,000 first reads of 4 KiB objects went 88-111k -> 62-68k objects/s when each was
         # held, /tmp/s21/rr_var.py), which a batch get's share of its round trip (~5 us) does not
@@ -67,8 +71,9 @@ class HeldLeases:
                                                          lease_ttl, checksum, False)), asked))
         return found
 
-    def hold(self, replicas: list[tuple[str, ReplicaList, float]], now: float) -> None:
-        """Keep (key, replica list, when its lease was asked for) of reads just verified."""
+    def hold(self, replicas: list[tuple[str, ReplicaList, float]], now: float, first_read: bool = False) -> None:
+        """Keep (key, replica list, when its lease was asked for) of reads just verified;
+        ``first_read``: even of a key read for the first time (a get of one key; see above)."""
         with self._lock:
             held = self._held
             for key, item, asked in replicas:
@@ -78,7 +83,7 @@ class HeldLeases:
                     if replica.tier != _MEMORY:
                         break
                 else:
-                    if key not in self._seen:
+                    if not first_read and key not in self._seen:
                         if len(self._seen) >= 4 * self.capacity:  # full: start noting afresh
                             self._seen.clear()
                         self._seen.add(key)

@@ -40,8 +40,9 @@ def store(
     pool memory written once before, as a serving store's is: neither the page faults of memory
     never written (--no-segment-prefault) nor this VM's cost of touching memory idle since the
     segment was committed is counted as the store's speed. The gets cycle over the keys the
-    puts wrote: from its third read within half a lease_ttl a key is read through the lease its
-    last get was granted, without asking the master (--no-reuse-read-leases: every get asks)."""
+    puts wrote: within half a lease_ttl of its last get a key is read again through the lease
+    that get was granted, without asking the master: from its second read in the single cells,
+    from its third in the batch ones (--no-reuse-read-leases: every get asks)."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
