@@ -7,10 +7,10 @@ Python allocating buffers. A get of a key the cell read before (single cells; tw
 batch cells), the last time less than half a lease before, reads through that get's lease without
 a round trip (store.held_leases), as a serving engine re-reading a hot prefix does;
 ``reuse_read_leases`` off makes each get ask the master. A cell runs for ``duration`` seconds or
-until the keys it may use fill ``budget`` bytes, whichever comes first; the gets then read the keys the puts wrote. Before its
-timed puts a cell runs the same puts once untimed and removes them, so the timed ones write pool
-memory that was written before (as a serving store's is), not memory idle since the segment was
-committed. The objects a cell wrote are removed after it, so every cell starts with the same free
+until the keys it may use fill ``budget`` bytes, whichever comes first; the gets then read the
+keys the puts wrote. Before its timed puts a cell runs the same puts once untimed and removes
+them, so the timed ones write pool memory that was written before (as a serving store's is), not
+memory idle since the segment was committed. The objects a cell wrote are removed after it, so every cell starts with the same free
 pool, and a benchmark of a shared cluster (``--master``) leaves everyone else's objects alone.
 """
 
