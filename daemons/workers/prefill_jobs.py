@@ -150,7 +150,7 @@ class PrefillJobsDaemon(WorkerDaemon):
     def start_jobs(self) -> None:
         """Serve ``prefill.run`` and ``prefill.drop``; called at the end of ``setup_worker``."""
         self.jobs = JobQueue()
-        self.num_done = self.num_failed = self.num_dropped = 0
+        self.num_received = self.num_done = self.num_failed = self.num_dropped = 0
         self.num_prompt_tokens = self.num_loaded_blocks = 0
         self.writers = [this_process(pid) for pid in self.writer_pids()]
         self.server.register("prefill.run", self._enqueue)
@@ -167,7 +167,7 @@ class PrefillJobsDaemon(WorkerDaemon):
         return [os.getpid()]
 
     def load(self) -> dict[str, Any]:
-        return {"queued": len(self.jobs), "num_done": self.num_done,
+        return {"queued": len(self.jobs), "num_received": self.num_received, "num_done": self.num_done,
                 "writers": [process.to_wire() for process in self.writers]}
 
     def metric_families(self) -> Iterator[Any]:
@@ -189,6 +189,7 @@ class PrefillJobsDaemon(WorkerDaemon):
 
     def _enqueue(self, request: Request) -> dict:
         accepted = self.jobs.put(Job(PrefillJob.from_wire(request.args)))
+        self.num_received += accepted
         return {"accepted": accepted, "queued": len(self.jobs)}
 
     def _drop(self, request: Request) -> dict:

@@ -47,11 +47,11 @@ def _pages(tokens: int) -> int:
     return -(-tokens // BLOCK)
 
 
-def _wait_for(predicate, what: str, timeout: float = 20) -> None:
+def _wait_for(predicate, what: str, timeout: float = 20, step: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+        time.sleep(step)
 
 
 def test_a_late_prefill_never_writes_into_pages_given_to_another_request(tmp_path):
@@ -117,20 +117,24 @@ def _race(url: str, pids: dict[str, int], clients: dict[str, RpcClient]) -> None
 
     _wait_for(filler_freed, "the filler's pages to be freed")
 
-    free, prefilled = status("decode-0")["free_blocks"], status(other)["num_done"]
+    received, prefilled = status(other)["num_received"], status(other)["num_done"]
     victim_prompt = prompt(VICTIM_PROMPT, seed=73)
     victim: dict = {}
     victim_thread = threading.Thread(target=lambda: victim.update(response=request(
         url, "POST", "/v1/completions",
         json.dumps({"prompt": victim_prompt, "max_tokens": VICTIM_TOKENS}).encode())))
     victim_thread.start()
-    # The victim takes 7 pages; the probe's one page may come back meanwhile.
 
-    def victim_reserved() -> bool:
+    # Held once its prefill job has arrived, not as soon as its pages are taken: the decode
+    # worker takes them before its decode.reserve answer leaves, and a worker stopped in
+    # between keeps that answer, and the prefill job with it, until the wait below times out.
+    # The job's prefill (~50 ms of compute) leaves ample time to stop the decode worker
+    # before the victim's decode.start.
+    def victim_job_arrived() -> bool:
         assert victim_thread.is_alive(), f"the victim ended before it was held: {victim.get('response')}"
-        return decode.call("status")["free_blocks"] < free - 1
+        return status(other)["num_received"] > received
 
-    _wait_for(victim_reserved, "the victim's reservation")
+    _wait_for(victim_job_arrived, "the victim's prefill job", step=0.001)
     os.kill(pids["decode-0"], signal.SIGSTOP)
     try:
         _wait_for(lambda: status(other)["num_done"] > prefilled, "the victim's prefill")
