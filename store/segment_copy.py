@@ -6,7 +6,10 @@ transport, only a copy (what the C++ store does with ``memcpy`` for a local segm
 object is copied in ``CHUNK`` pieces and each piece is hashed right after it landed, while it is
 still in cache, so copy and checksum read the object from memory once; the streamed digest is
 the one-shot ``xxh3_64`` of the object. A batch of more than ``PARALLEL_BYTES`` is shared out
-among a few threads (numpy's copy and xxhash both release the GIL on pieces this big).
+among a few threads (numpy's copy and xxhash both release the GIL on pieces this big). Below
+that, objects bigger than a piece are hashed from their source by a helper while the calling
+thread copies them, when a core is free: the source's bytes do not change during the copy (a
+put's buffer, a replica under its read lease).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import xxhash
 
 from transfer.memory import SMALL_COPY, copy_into
+from transfer.rpc import spin
 
 # The hash reads each piece right after the copy wrote it, from cache. Not smaller: glibc copies
 # pieces from 2 KiB up to about 512 KiB (the L2 size, on AMD) with `rep movsb`, which on this AMD
@@ -32,6 +36,15 @@ CHUNK = 1 << 20
 # made 8 MiB batches 25% slower and 32 MiB ones 0-10% faster, and only from 16 MiB up did it
 # gain (0-20%, /tmp/local2/copier_threads.py).
 PARALLEL_BYTES = 16 << 20
+# From this many bytes in objects of a CHUNK or more, a batch up to PARALLEL_BYTES has a helper
+# hash their sources while the calling thread copies them: an object bigger than the L2 is read
+# back from memory by the hash anyway, so two cores share the work instead of one doing both.
+# Copied and checksummed into a mapped region on the development VM (/tmp/cp4.py, cp5.py,
+# session 27), one thread vs the helper, GB/s: 2 MiB 7.7-8.1 vs 9.9-13.0, 1 MiB x4 7.8-8.1 vs
+# 10.1, 16 MiB 5.8-6.7 vs 6.2-9.6, 1 MiB x16 6.4-6.8 vs 8.1-9.7; but 1 MiB alone 7.8-10.0 vs
+# 8.7-11.8 (a wash), 512 KiB 13.5 vs 9.3 and 64 KiB x64 7.5 vs 5.6 (pieces that stay in cache
+# hash cheaply where they landed).
+HASH_BESIDE_BYTES = 2 << 20
 
 Copy = tuple[memoryview, memoryview]  # (target, source): two byte views of one length
 
@@ -54,7 +67,8 @@ def copy_checksummed(target: memoryview, source: memoryview, checksum: bool) -> 
 
 class SegmentCopier:
     """Copies a batch on the calling thread, or above PARALLEL_BYTES on it and ``threads - 1``
-    helpers (started at the first such batch, stopped by :meth:`close`)."""
+    helpers; from HASH_BESIDE_BYTES of large objects a helper hashes while it copies (helpers
+    started at the first batch that needs one, stopped by :meth:`close`)."""
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
@@ -64,13 +78,15 @@ class SegmentCopier:
     def copy(self, copies: list[Copy], checksum: bool) -> list[int | None]:
         """Per copy its digest (None without ``checksum``), in order."""
         total = sum(source.nbytes for _, source in copies)
-        groups = _split(copies, total, self.threads) if total > PARALLEL_BYTES else [copies]
-        if len(groups) == 1:
+        if self.threads == 1:
             return _copy_all(copies, checksum)
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="store-copy")
-            pool = self._pool
+        if total <= PARALLEL_BYTES:
+            large = [n for n, (_, source) in enumerate(copies) if source.nbytes >= CHUNK] if checksum else []
+            if sum(copies[n][1].nbytes for n in large) >= HASH_BESIDE_BYTES and spin.HEADROOM.free():
+                return self._copy_hashed_beside(copies, large)
+            return _copy_all(copies, checksum)
+        groups = _split(copies, total, self.threads)
+        pool = self._helpers()
         helped = [pool.submit(_copy_all, group, checksum) for group in groups[1:]]
         try:
             digests = _copy_all(groups[0], checksum)
@@ -79,6 +95,29 @@ class SegmentCopier:
         for future in helped:
             digests += future.result()
         return digests
+
+    def _copy_hashed_beside(self, copies: list[Copy], large: list[int]) -> list[int | None]:
+        """Checksummed copies, the ``large`` ones (their positions) hashed from their sources
+        by a helper as this thread copies them; the rest copied and hashed here."""
+        hashing = self._helpers().submit(_hash_all, [copies[n][1] for n in large])
+        digests: list[int | None] = [None] * len(copies)
+        try:
+            for n in large:  # first, while the helper reads the same sources
+                copy_into(*copies[n])
+            small = sorted(set(range(len(copies))) - set(large))
+            for n, digest in zip(small, _copy_all([copies[n] for n in small], True)):
+                digests[n] = digest
+        finally:
+            wait([hashing])  # even when ours failed: no hash may still read once the caller goes on
+        for n, digest in zip(large, hashing.result()):
+            digests[n] = digest
+        return digests
+
+    def _helpers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="store-copy")
+            return self._pool
 
     def close(self) -> None:
         with self._lock:
@@ -96,6 +135,10 @@ def _copy_all(copies: list[Copy], checksum: bool) -> list[int | None]:
         else:
             digests.append(copy_checksummed(target, source, checksum))
     return digests
+
+
+def _hash_all(views: list[memoryview]) -> list[int]:
+    return [xxhash.xxh3_64_intdigest(view) for view in views]
 
 
 def _split(copies: list[Copy], total: int, parts: int) -> list[list[Copy]]:

@@ -1,5 +1,6 @@
 """Copies into and out of a store client's own segment: the checksum streamed over the copy's
-pieces is the object's one-shot xxh3-64, and a batch shared out among threads lands whole, in order."""
+pieces is the object's one-shot xxh3-64, and a batch shared out among threads, or hashed by a
+helper as it is copied, lands whole, in order, with each object's digest in its place."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypa
     assert [bytes(t) for t in targets] == sources
 
 
+def test_one_thread_copies_a_big_batch_alone(monkeypatch):
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)
+    sizes = [CHUNK + 7, 2 * CHUNK, 5]
+    sources = [os.urandom(n) for n in sizes]
+    targets = [memoryview(bytearray(n)) for n in sizes]
+    copier = SegmentCopier(threads=1)
+    try:
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
+        assert copier._pool is None
+    finally:
+        copier.close()
+    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
+    assert [bytes(t) for t in targets] == sources
+
+
 @pytest.mark.parametrize("checksum", [True, False])
 def test_a_batch_on_the_calling_thread_copies_small_and_large_objects_alike(checksum):
     """Objects up to SMALL_COPY are copied inline, bigger ones in hashed pieces: both land whole,
@@ -51,4 +67,38 @@ def test_a_batch_on_the_calling_thread_copies_small_and_large_objects_alike(chec
     finally:
         copier.close()
     assert digests == [xxhash.xxh3_64_intdigest(s) if checksum else None for s in sources]
+    assert [bytes(t) for t in targets] == sources
+
+
+@pytest.mark.parametrize("core_free", [True, False])
+def test_large_objects_are_hashed_beside_the_copy_only_while_a_core_is_free(monkeypatch, core_free):
+    """From HASH_BESIDE_BYTES of objects of a CHUNK or more (and up to PARALLEL_BYTES) a helper
+    hashes their sources while the calling thread copies: digests and bytes are the same as
+    on one thread, each in its object's place, small objects among them included."""
+    monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: core_free)
+    sizes = [5, CHUNK, 4096, CHUNK + 3, 1]  # HASH_BESIDE_BYTES (2 MiB) in two objects
+    sources = [os.urandom(n) for n in sizes]
+    targets = [memoryview(bytearray(n)) for n in sizes]
+    copier = SegmentCopier(threads=2)
+    try:
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
+        assert (copier._pool is not None) is core_free, "the helper runs only while a core is free"
+    finally:
+        copier.close()
+    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
+    assert [bytes(t) for t in targets] == sources
+
+
+def test_objects_below_a_chunk_are_never_hashed_beside(monkeypatch):
+    monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: True)
+    sizes = [CHUNK - 1] * 4  # more than HASH_BESIDE_BYTES, none a CHUNK
+    sources = [os.urandom(n) for n in sizes]
+    targets = [memoryview(bytearray(n)) for n in sizes]
+    copier = SegmentCopier(threads=2)
+    try:
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
+        assert copier._pool is None
+    finally:
+        copier.close()
+    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
     assert [bytes(t) for t in targets] == sources
