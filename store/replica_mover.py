@@ -78,7 +78,8 @@ class ReplicaMover:
                     copies[n] = views if opcode == OpCode.READ else (views[1], views[0])
         if copies:
             try:
-                for n, digest in zip(copies, self.copier.copy(list(copies.values()), checksum)):
+                for n, digest in zip(copies, self.copier.copy(list(copies.values()), checksum,
+                                                              sources_fixed=opcode == OpCode.WRITE)):
                     digests[n] = digest
             except (ValueError, BufferError) as exc:  # the memory went away under us: not to retry
                 for n in copies:

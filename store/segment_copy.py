@@ -7,9 +7,10 @@ object is copied in ``CHUNK`` pieces and each piece is hashed right after it lan
 still in cache, so copy and checksum read the object from memory once; the streamed digest is
 the one-shot ``xxh3_64`` of the object. A batch of more than ``PARALLEL_BYTES`` is shared out
 among a few threads (numpy's copy and xxhash both release the GIL on pieces this big). Below
-that, objects bigger than a piece are hashed from their source by a helper while the calling
-thread copies them, when a core is free: the source's bytes do not change during the copy (a
-put's buffer, a replica under its read lease).
+that, a put's objects bigger than a piece are hashed from their source by a helper while the
+calling thread copies them, when a core is free: a put's buffer does not change while it runs.
+Not a get's: its checksum must be of the bytes that landed, since a replica read through a held
+lease may be overwritten meanwhile (store.held_leases), and only that digest shows it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ CHUNK = 1 << 20
 # made 8 MiB batches 25% slower and 32 MiB ones 0-10% faster, and only from 16 MiB up did it
 # gain (0-20%, /tmp/local2/copier_threads.py).
 PARALLEL_BYTES = 16 << 20
-# From this many bytes in objects of a CHUNK or more, a batch up to PARALLEL_BYTES has a helper
-# hash their sources while the calling thread copies them: an object bigger than the L2 is read
+# From this many bytes in objects of a CHUNK or more, a put's batch up to PARALLEL_BYTES has a
+# helper hash their sources while the calling thread copies them: an object bigger than the L2 is read
 # back from memory by the hash anyway, so two cores share the work instead of one doing both.
 # Copied and checksummed into a mapped region on the development VM (/tmp/cp4.py, cp5.py,
 # session 27), one thread vs the helper, GB/s: 2 MiB 7.7-8.1 vs 9.9-13.0, 1 MiB x4 7.8-8.1 vs
@@ -67,21 +68,24 @@ def copy_checksummed(target: memoryview, source: memoryview, checksum: bool) -> 
 
 class SegmentCopier:
     """Copies a batch on the calling thread, or above PARALLEL_BYTES on it and ``threads - 1``
-    helpers; from HASH_BESIDE_BYTES of large objects a helper hashes while it copies (helpers
-    started at the first batch that needs one, stopped by :meth:`close`)."""
+    helpers; from HASH_BESIDE_BYTES of large objects whose sources are fixed, a helper hashes
+    while it copies (helpers started at the first batch that needs one, stopped by :meth:`close`)."""
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # a client may be used from several threads at once
 
-    def copy(self, copies: list[Copy], checksum: bool) -> list[int | None]:
-        """Per copy its digest (None without ``checksum``), in order."""
+    def copy(self, copies: list[Copy], checksum: bool, sources_fixed: bool = False) -> list[int | None]:
+        """Per copy its digest (None without ``checksum``), in order. ``sources_fixed``: the
+        sources do not change while they are copied (a put's), so their digests may be taken
+        from them rather than from the bytes landed."""
         total = sum(source.nbytes for _, source in copies)
         if self.threads == 1:
             return _copy_all(copies, checksum)
         if total <= PARALLEL_BYTES:
-            large = [n for n, (_, source) in enumerate(copies) if source.nbytes >= CHUNK] if checksum else []
+            large = ([n for n, (_, source) in enumerate(copies) if source.nbytes >= CHUNK]
+                     if checksum and sources_fixed else [])
             if sum(copies[n][1].nbytes for n in large) >= HASH_BESIDE_BYTES and spin.HEADROOM.free():
                 return self._copy_hashed_beside(copies, large)
             return _copy_all(copies, checksum)

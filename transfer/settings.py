@@ -284,8 +284,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("transfer", "shm_copy_threads", "int", 2,
        "Threads copying shared-memory slices, and a store client's batches over 16MiB to and "
        "from the segments it maps; below that, from 2MiB in objects of 1MiB or more, a second "
-       "one checksums them as the first copies, while a core is free (numpy and xxhash release "
-       "the GIL while they copy and checksum).", minimum=1),
+       "one checksums a put's objects as the first copies them, while a core is free (numpy and "
+       "xxhash release the GIL while they copy and checksum).", minimum=1),
     _s("transfer", "rdma_slice_size", "size", 64 * 2**10,
        "Bytes per RDMA work request; a slice is posted as this many WRITE/READ requests.",
        minimum=4096),

@@ -253,3 +253,24 @@ def test_a_batch_read_over_tcp_is_verified_as_each_object_lands(mooncake):
         assert isinstance(results[2], ChecksumMismatch)
         assert results[:2] + results[3:] == sizes[:2] + sizes[3:]
         client.unregister_buffer(base)
+
+
+def test_a_puts_checksums_taken_beside_the_copy_are_those_a_reader_verifies(mooncake, monkeypatch):
+    """A put of objects of a CHUNK or more into the own segment, with a core free: a helper
+    hashes their sources while the client copies them; another client reads them back intact,
+    each verified against the checksum that put recorded."""
+    monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: True)
+    mooncake.json("up", env=FAST)
+    with connect(config_for(mooncake.workdir), segment_size=8 << 20) as client:
+        mine = client.owner.segment.segment_id
+        sizes = {"first": segment_copy.CHUNK + 5, "tiny": 10, "second": segment_copy.CHUNK + 999}
+        memory = np.concatenate([np.frombuffer(value_for(key, size), dtype=np.uint8) for key, size in sizes.items()])
+        base = client.register_buffer(memory)
+        offsets = np.cumsum([0, *sizes.values()])[:-1].tolist()
+        assert client.batch_put_from(list(sizes), [base + offset for offset in offsets], list(sizes.values()),
+                                     preferred_segments=(mine,), replicas=1) == [None] * len(sizes)
+        assert client.mover.copier._pool is not None, "the helper hashed the big objects"
+        with client_for(mooncake.workdir) as reader:
+            for key, size in sizes.items():
+                assert bytes(reader.get(key)) == value_for(key, size)
+        client.unregister_buffer(base)

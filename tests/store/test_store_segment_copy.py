@@ -70,19 +70,23 @@ def test_a_batch_on_the_calling_thread_copies_small_and_large_objects_alike(chec
     assert [bytes(t) for t in targets] == sources
 
 
-@pytest.mark.parametrize("core_free", [True, False])
-def test_large_objects_are_hashed_beside_the_copy_only_while_a_core_is_free(monkeypatch, core_free):
+@pytest.mark.parametrize("core_free, sources_fixed", [(True, True), (False, True), (True, False)])
+def test_a_puts_large_objects_are_hashed_beside_the_copy_while_a_core_is_free(monkeypatch, core_free,
+                                                                               sources_fixed):
     """From HASH_BESIDE_BYTES of objects of a CHUNK or more (and up to PARALLEL_BYTES) a helper
-    hashes their sources while the calling thread copies: digests and bytes are the same as
-    on one thread, each in its object's place, small objects among them included."""
+    hashes a put's sources while the calling thread copies: digests and bytes are the same as
+    on one thread, each in its object's place, small objects among them included. A get's
+    (sources not fixed) are hashed where they landed, by the calling thread."""
     monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: core_free)
     sizes = [5, CHUNK, 4096, CHUNK + 3, 1]  # HASH_BESIDE_BYTES (2 MiB) in two objects
     sources = [os.urandom(n) for n in sizes]
     targets = [memoryview(bytearray(n)) for n in sizes]
     copier = SegmentCopier(threads=2)
     try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
-        assert (copier._pool is not None) is core_free, "the helper runs only while a core is free"
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True,
+                              sources_fixed=sources_fixed)
+        assert (copier._pool is not None) is (core_free and sources_fixed), \
+            "the helper hashes only a put's sources, and only while a core is free"
     finally:
         copier.close()
     assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
@@ -96,7 +100,8 @@ def test_objects_below_a_chunk_are_never_hashed_beside(monkeypatch):
     targets = [memoryview(bytearray(n)) for n in sizes]
     copier = SegmentCopier(threads=2)
     try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True,
+                              sources_fixed=True)
         assert copier._pool is None
     finally:
         copier.close()
