@@ -53,6 +53,8 @@ class MasterClient:
         """A batch op over ``keys`` (and the lists in ``per_key``, item for item) in calls of at
         most ``max_batch_keys`` keys; the per-item wire results, concatenated in order."""
         step = self.max_batch_keys or max(1, len(keys))
+        if len(keys) <= step:  # one call, the common case: no slicing
+            return self._scoped(op, keys=keys, **per_key, **args)
         results: list = []
         for start in range(0, max(1, len(keys)), step):
             chunk = {name: values[start:start + step] for name, values in per_key.items()}

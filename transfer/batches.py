@@ -522,6 +522,8 @@ def _stretches(columns: _Columns, limit: int) -> list[tuple[int, int, int]]:
     request alone). Found with C-speed passes over the columns, not a Python round per request."""
     sources, offsets, lengths = columns.sources, columns.offsets, columns.lengths
     count = len(lengths)
+    if count == 1:  # a single get or put: the passes below cost more than its move's planning
+        return [(0, 1, lengths[0])]
     if len(set(lengths)) == 1 and sources == tuple(range(sources[0], sources[0] + count * lengths[0], lengths[0])) \
             and offsets == tuple(range(offsets[0], offsets[0] + count * lengths[0], lengths[0])):
         breaks: Iterable[int] = ()  # equal blocks laid end to end on both sides: one stretch
