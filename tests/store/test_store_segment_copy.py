@@ -24,34 +24,33 @@ def test_the_streamed_checksum_is_the_one_shot_xxh3_of_the_bytes(size):
     assert target == source
 
 
-def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypatch):
-    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # small objects, quick test
-    sizes = [CHUNK + 7, 5, 1 << 20, 70_001, 2 * CHUNK, 4096]  # more than PARALLEL_BYTES in all
+def _copy_batch(sizes: list[int], threads: int, checksum: bool = True, sources_fixed: bool = False) -> bool:
+    """Copy random objects of ``sizes`` with a SegmentCopier of ``threads``; assert each landed
+    whole with its digest in its place (None without checksums). Returns whether helper
+    threads were started."""
     sources = [os.urandom(n) for n in sizes]
     targets = [memoryview(bytearray(n)) for n in sizes]
-    copier = SegmentCopier(threads=3)
+    copier = SegmentCopier(threads=threads)
     try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
-        assert copier._pool is not None, "a batch this big is shared out"
+        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=checksum,
+                              sources_fixed=sources_fixed)
+        helped = copier._pool is not None
     finally:
         copier.close()
-    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
+    assert digests == [xxhash.xxh3_64_intdigest(s) if checksum else None for s in sources]
     assert [bytes(t) for t in targets] == sources
+    return helped
+
+
+def test_a_big_batch_shared_among_threads_comes_back_whole_and_in_order(monkeypatch):
+    monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)  # small objects, quick test
+    # more than PARALLEL_BYTES in all
+    assert _copy_batch([CHUNK + 7, 5, 1 << 20, 70_001, 2 * CHUNK, 4096], threads=3), "a batch this big is shared out"
 
 
 def test_one_thread_copies_a_big_batch_alone(monkeypatch):
     monkeypatch.setattr(segment_copy, "PARALLEL_BYTES", 1 << 20)
-    sizes = [CHUNK + 7, 2 * CHUNK, 5]
-    sources = [os.urandom(n) for n in sizes]
-    targets = [memoryview(bytearray(n)) for n in sizes]
-    copier = SegmentCopier(threads=1)
-    try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True)
-        assert copier._pool is None
-    finally:
-        copier.close()
-    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
-    assert [bytes(t) for t in targets] == sources
+    assert not _copy_batch([CHUNK + 7, 2 * CHUNK, 5], threads=1)
 
 
 @pytest.mark.parametrize("checksum", [True, False])
@@ -59,15 +58,7 @@ def test_a_batch_on_the_calling_thread_copies_small_and_large_objects_alike(chec
     """Objects up to SMALL_COPY are copied inline, bigger ones in hashed pieces: both land whole,
     each digest in its object's place (None without checksums)."""
     sizes = [segment_copy.SMALL_COPY, 1, segment_copy.SMALL_COPY + 1, 4096, CHUNK + 3]
-    sources = [os.urandom(n) for n in sizes]
-    targets = [memoryview(bytearray(n)) for n in sizes]
-    copier = SegmentCopier(threads=1)
-    try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=checksum)
-    finally:
-        copier.close()
-    assert digests == [xxhash.xxh3_64_intdigest(s) if checksum else None for s in sources]
-    assert [bytes(t) for t in targets] == sources
+    assert not _copy_batch(sizes, threads=1, checksum=checksum)
 
 
 @pytest.mark.parametrize("core_free, sources_fixed", [(True, True), (False, True), (True, False)])
@@ -79,31 +70,11 @@ def test_a_puts_large_objects_are_hashed_beside_the_copy_while_a_core_is_free(mo
     (sources not fixed) are hashed where they landed, by the calling thread."""
     monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: core_free)
     sizes = [5, CHUNK, 4096, CHUNK + 3, 1]  # HASH_BESIDE_BYTES (2 MiB) in two objects
-    sources = [os.urandom(n) for n in sizes]
-    targets = [memoryview(bytearray(n)) for n in sizes]
-    copier = SegmentCopier(threads=2)
-    try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True,
-                              sources_fixed=sources_fixed)
-        assert (copier._pool is not None) is (core_free and sources_fixed), \
-            "the helper hashes only a put's sources, and only while a core is free"
-    finally:
-        copier.close()
-    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
-    assert [bytes(t) for t in targets] == sources
+    assert _copy_batch(sizes, threads=2, sources_fixed=sources_fixed) is (core_free and sources_fixed), \
+        "the helper hashes only a put's sources, and only while a core is free"
 
 
 def test_objects_below_a_chunk_are_never_hashed_beside(monkeypatch):
     monkeypatch.setattr(segment_copy.spin.HEADROOM, "free", lambda: True)
-    sizes = [CHUNK - 1] * 4  # more than HASH_BESIDE_BYTES, none a CHUNK
-    sources = [os.urandom(n) for n in sizes]
-    targets = [memoryview(bytearray(n)) for n in sizes]
-    copier = SegmentCopier(threads=2)
-    try:
-        digests = copier.copy([(t, memoryview(s)) for t, s in zip(targets, sources)], checksum=True,
-                              sources_fixed=True)
-        assert copier._pool is None
-    finally:
-        copier.close()
-    assert digests == [xxhash.xxh3_64_intdigest(s) for s in sources]
-    assert [bytes(t) for t in targets] == sources
+    # more than HASH_BESIDE_BYTES, none a CHUNK
+    assert not _copy_batch([CHUNK - 1] * 4, threads=2, sources_fixed=True)
