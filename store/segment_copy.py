@@ -38,13 +38,13 @@ CHUNK = 1 << 20
 # gain (0-20%, /tmp/local2/copier_threads.py).
 PARALLEL_BYTES = 16 << 20
 # From this many bytes in objects of a CHUNK or more, a put's batch up to PARALLEL_BYTES has a
-# helper hash their sources while the calling thread copies them: an object bigger than the L2 is read
-# back from memory by the hash anyway, so two cores share the work instead of one doing both.
-# Copied and checksummed into a mapped region on the development VM (/tmp/cp4.py, cp5.py,
-# session 27), one thread vs the helper, GB/s: 2 MiB 7.7-8.1 vs 9.9-13.0, 1 MiB x4 7.8-8.1 vs
-# 10.1, 16 MiB 5.8-6.7 vs 6.2-9.6, 1 MiB x16 6.4-6.8 vs 8.1-9.7; but 1 MiB alone 7.8-10.0 vs
-# 8.7-11.8 (a wash), 512 KiB 13.5 vs 9.3 and 64 KiB x64 7.5 vs 5.6 (pieces that stay in cache
-# hash cheaply where they landed).
+# helper hash their sources while the calling thread copies them: the hash reads an object
+# bigger than the L2 back from memory anyway, so two cores share the work instead of one doing
+# both. Copied and checksummed into a mapped region on the development VM, one thread vs the
+# helper, GB/s (/tmp/cp4.py, cp5.py, session 27): 2 MiB 7.7-8.1 vs 9.9-13.0, 1 MiB x4 7.8-8.1
+# vs 10.1, 16 MiB 5.8-6.7 vs 6.2-9.6, 1 MiB x16 6.4-6.8 vs 8.1-9.7; but 1 MiB alone 7.8-10.0
+# vs 8.7-11.8 (a wash), 512 KiB 13.5 vs 9.3 and 64 KiB x64 7.5 vs 5.6 (pieces that stay in
+# cache hash cheaply where they landed).
 HASH_BESIDE_BYTES = 2 << 20
 
 Copy = tuple[memoryview, memoryview]  # (target, source): two byte views of one length
