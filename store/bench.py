@@ -10,8 +10,9 @@ a round trip (store.held_leases), as a serving engine re-reading a hot prefix do
 until the keys it may use fill ``budget`` bytes, whichever comes first; the gets then read the
 keys the puts wrote. Before its timed puts a cell runs the same puts once untimed and removes
 them, so the timed ones write pool memory that was written before (as a serving store's is), not
-memory idle since the segment was committed. The objects a cell wrote are removed after it, so every cell starts with the same free
-pool, and a benchmark of a shared cluster (``--master``) leaves everyone else's objects alone.
+memory idle since the segment was committed. The objects a cell wrote are removed after it, so
+every cell starts with the same free pool, and a benchmark of a shared cluster (``--master``)
+leaves everyone else's objects alone.
 """
 
 from __future__ import annotations

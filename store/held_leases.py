@@ -43,10 +43,11 @@ class HeldLeases:
         # key -> _Entry, in the order the leases were asked for
         self._held: OrderedDict[str, _Entry] = OrderedDict()
         # Keys read once by a get of several keys, whose lists are held only from a key's second
-        # read (a get of one key holds from the first). Holding costs a client several us a key (its entries' memory and the cycle collector's passes over them:
-        # 48,000 first reads of 4 KiB objects went 88-111k -> 62-68k objects/s when each was
-        # held, /tmp/s21/rr_var.py), which a batch get's share of its round trip (~5 us) does not
-        # repay unless the key is read again; a one-pass scan now pays a set insert.
+        # read (a get of one key holds from the first). Holding costs a client several us a key
+        # (its entries' memory and the cycle collector's passes over them: 48,000 first reads of
+        # 4 KiB objects went 88-111k -> 62-68k objects/s when each was held, /tmp/s21/rr_var.py),
+        # which a batch get's share of its round trip (~5 us) does not repay unless the key is
+        # read again; a one-pass scan now pays a set insert.
         self._seen: set[str] = set()
         self._lock = threading.Lock()  # several threads may share one client
 
