@@ -80,9 +80,9 @@ class SegmentCopier:
         """Per copy its digest (None without ``checksum``), in order. ``sources_fixed``: the
         sources do not change while they are copied (a put's), so their digests may be taken
         from them rather than from the bytes landed."""
-        total = sum(source.nbytes for _, source in copies)
         if self.threads == 1:
             return _copy_all(copies, checksum)
+        total = sum(source.nbytes for _, source in copies)
         if total <= PARALLEL_BYTES:
             large = ([n for n, (_, source) in enumerate(copies) if source.nbytes >= CHUNK]
                      if checksum and sources_fixed else [])
@@ -108,7 +108,8 @@ class SegmentCopier:
         try:
             for n in large:  # first, while the helper reads the same sources
                 copy_into(*copies[n])
-            small = sorted(set(range(len(copies))) - set(large))
+            hashed_beside = set(large)
+            small = [n for n in range(len(copies)) if n not in hashed_beside]
             for n, digest in zip(small, _copy_all([copies[n] for n in small], True)):
                 digests[n] = digest
         finally:
