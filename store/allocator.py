@@ -98,6 +98,46 @@ class RangeAllocator:
         self._mark_used(start, length)
         return start
 
+    def carve(self, address: int, pieces: list[tuple[int, int]], keep_from: int | None = None) -> list[int]:
+        """Cut the allocated range at ``address`` into ranges of its own: ``pieces`` are
+        (offset from ``address``, size) in ascending offset order, aligned and not overlapping.
+        What lies between and after them is freed, except from ``keep_from`` (an aligned offset
+        at or past the last piece) on, which stays allocated as one range. Returns the pieces'
+        addresses. How a put reservation (store.reservations) becomes the objects written into it."""
+        length = self._used.get(address)
+        if length is None:
+            raise InvalidParams(f"address {address:#x} is not the start of an allocated range")
+        limit = length if keep_from is None else keep_from
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= length or limit % self.alignment:
+            raise InvalidParams(f"cannot keep a range from offset {keep_from!r} of a range of {length}")
+        alignment, cursor, blocks = self.alignment, 0, []
+        for offset, size in pieces:
+            if type(offset) is not int or type(size) is not int or offset < cursor or offset % alignment or size <= 0:
+                raise InvalidParams(f"piece ({offset!r}, {size!r}) is unaligned, empty or overlaps the one before")
+            block = -(-size // alignment) * alignment
+            blocks.append(block)
+            cursor = offset + block
+        if cursor > limit:
+            raise InvalidParams(f"pieces reach {cursor} bytes into a range of which {limit} may be cut")
+        # Re-split the one used range (the used byte count stays), then free the gaps as any
+        # range is freed, merging them with free neighbours.
+        used, gaps, cursor, addresses = self._used, [], 0, []
+        for (offset, _), block in zip(pieces, blocks):
+            if offset > cursor:
+                used[address + cursor] = offset - cursor
+                gaps.append(address + cursor)
+            used[address + offset] = block
+            addresses.append(address + offset)
+            cursor = offset + block
+        if cursor < limit:
+            used[address + cursor] = limit - cursor
+            gaps.append(address + cursor)
+        if limit < length:
+            used[address + limit] = length - limit
+        for gap in gaps:
+            self.free(gap)
+        return addresses
+
     def reserve(self, address: int, size: int) -> None:
         """Claim exactly [address, address + size): how a restarted master re-learns a live range."""
         length = self.block_size(size) if size > 0 else 0

@@ -35,6 +35,8 @@ from store.errors import ChecksumMismatch, InvalidParams, LeaseExpired, Mooncake
 from store.master_client import MasterClient
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReplicaTier
 from store.replica_mover import Move, ReplicaMover
+from store.reservations.holder import GRANT_BYTES, HeldGrant, ReservationHolder
+from store.reservations.state import MAX_RESERVATION_BYTES
 from store.segment_owner import SegmentOwner
 from store.stats import ClientStats
 from transfer.auth import client_credential
@@ -61,9 +63,10 @@ class StoreClient:
                  client_id: str | None = None) -> None:
         self.config = config or resolve()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        credential = client_credential(self.config)
         self.master = MasterClient(master_address, self.client_id, self.config.rpc_timeout,
                                    self.config.rpc_busy_poll, self.config.store_max_batch_keys,
-                                   client_credential(self.config), self.config.tenant)
+                                   credential, self.config.tenant)
         try:
             self.engine = open_engine(self.client_id, master_address, self.config, topology=topology,
                                       shm_prefix=shm_prefix)
@@ -75,6 +78,9 @@ class StoreClient:
         self._local = threading.local()  # per-thread staging buffer for put() of plain bytes
         self.stats = ClientStats()
         self.held_leases = HeldLeases(HELD_LEASES)
+        # A tenant's credential may not reserve (store.master_service): its puts go the plain way.
+        self.reservations = ReservationHolder() if self.config.put_reservations and (
+            credential is None or credential.tenant is None) else None
         self._stop = threading.Event()
         self._pinger: threading.Thread | None = None
         try:
@@ -96,6 +102,10 @@ class StoreClient:
         self._stop.set()
         if self._pinger is not None:
             self._pinger.join(timeout=5)
+        try:
+            self.release_reservations()
+        except MooncakeError:
+            pass  # the master expires them
         if self.owner is not None:
             try:
                 self.owner.unmount()
@@ -177,6 +187,11 @@ class StoreClient:
         views = self.engine.host_views(addresses, [max(n, 1) for n in sizes])
         checksummed = self.config.checksum
         config = self.replicate_config(**replication)
+        if self.reservations is not None and not upsert:
+            reserved = self._put_reserved(keys, addresses, sizes, views, config)
+            if reserved is not None:
+                self.stats.record_puts(sizes, reserved)
+                return reserved
         started = self.master.batch_put_start(keys, sizes, config, upsert)
         results: list[MooncakeError | None] = [r if isinstance(r, MooncakeError) else None for r in started]
         writes = [(i, replica) for i, r in enumerate(started) if not isinstance(r, MooncakeError) for replica in r]
@@ -189,11 +204,7 @@ class StoreClient:
             if digest is not None:  # hashed on the way, or while the engine moved it (store.replica_mover)
                 checksums[i] = digest
         done = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is None]
-        if checksummed:
-            for i in done:
-                if checksums[i] is None and sizes[i] > 0:  # a view of n > 0 is n long
-                    checksums[i] = checksum_of(views[i] if views[i] is not None
-                                               else self.engine.buffer_at(addresses[i], sizes[i]))
+        self._checksum_rest(done, checksums, addresses, sizes, views)
         undo = [i for i, r in enumerate(started) if not isinstance(r, MooncakeError) and results[i] is not None]
         if undo:
             self.master.batch_put_revoke([keys[i] for i in undo])
@@ -203,6 +214,77 @@ class StoreClient:
                 results[i] = outcome
         self.stats.record_puts(sizes, results)
         return results
+
+    def release_reservations(self) -> None:
+        """Give back the put reservations this client holds (store.reservations): a benchmark
+        that leaves the pool as it found it, or a client that stops putting for a while."""
+        unused = self.reservations.take_all() if self.reservations is not None else []
+        if unused:
+            self.master.reserve_space(0, ReplicateConfig(), unused)
+
+    def _put_reserved(self, keys: list[str], addresses: list[int], sizes: list[int], views: list,
+                      config: ReplicateConfig) -> list[MooncakeError | None] | None:
+        """batch_put_from in one master round trip, through a put reservation
+        (store.reservations); None where none applies, or the one used was gone: then the plain
+        way, which writes the objects again."""
+        holder = self.reservations
+        offsets, length = holder.layout(sizes, holder.alignment)
+        if config.replica_num != 1 or not 0 < length <= MAX_RESERVATION_BYTES or 0 in sizes \
+                or len(keys) > (self.master.max_batch_keys or len(keys)):
+            return None
+        now = time.monotonic()
+        held, stale = holder.take(config, length, now)
+        if held is None:
+            if not holder.may_ask(now):
+                # What take() dropped expires at the master (put_start_discard_timeout).
+                return None
+            grant = self.master.reserve_space(max(length, GRANT_BYTES), config, stale)
+            if grant is None:
+                holder.refused(now)
+                return None
+            stale = []
+            held = HeldGrant(grant, config, now)
+            if grant.alignment != holder.alignment:
+                offsets, length = holder.layout(sizes, grant.alignment)
+            if length > held.room:
+                holder.keep(held)  # for a smaller put, or released once stale
+                return None
+        whole = held.grant.replica
+        start = whole.address + held.used
+        replicas = [whole._replace(address=start + offset, size=size) for offset, size in zip(offsets, sizes)]
+        checksummed = self.config.checksum
+        failed, digests = self.mover.move(OpCode.WRITE, list(zip(addresses, replicas, sizes)), checksummed, views)
+        results: list[MooncakeError | None] = list(failed)
+        checksums: list[int | None] = list(digests)
+        done = [i for i, error in enumerate(failed) if error is None]
+        self._checksum_rest(done, checksums, addresses, sizes, views)
+        # The last put the grant has room for asks for the next one in its commit.
+        reserve = max(length, GRANT_BYTES) if held.room - length < length else 0
+        asked_at = time.monotonic()
+        try:
+            outcomes, grant = self.master.batch_put_commit(
+                held.grant.reservation_id, [keys[i] for i in done], [offsets[i] for i in done],
+                [sizes[i] for i in done], [checksums[i] for i in done], config, consumed=length,
+                reserve=reserve, release=stale)
+        except ObjectNotFound:
+            return None  # expired, or its segment left: nothing was published
+        if grant is not None:
+            holder.keep(HeldGrant(grant, config, asked_at))
+        elif not reserve and held.room > length:
+            holder.keep(held.after(length))
+        for i, outcome in zip(done, outcomes):
+            results[i] = outcome
+        return results
+
+    def _checksum_rest(self, done: list[int], checksums: list[int | None], addresses: list[int],
+                       sizes: list[int], views: list) -> None:
+        """Fill in the checksums of the objects ``done`` that were not hashed on the way."""
+        if not self.config.checksum:
+            return
+        for i in done:
+            if checksums[i] is None and sizes[i] > 0:  # a view of n > 0 is n long
+                checksums[i] = checksum_of(views[i] if views[i] is not None
+                                           else self.engine.buffer_at(addresses[i], sizes[i]))
 
     # -- gets -----------------------------------------------------------------------------------
     def get(self, key: str) -> bytearray:

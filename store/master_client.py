@@ -11,6 +11,7 @@ from typing import Any
 
 from store.drain.messages import DrainFinish, DrainPending, DrainPlan, DrainStatus, from_wire
 from store.objects import ReplicaDescriptor, ReplicaList, ReplicateConfig, ReportedObject, Segment
+from store.reservations.messages import SpaceGrant, grant_from_wire
 from store.wire import (batch_from_wire, config_to_wire, descriptor_from_wire, optional_int,
                         replica_list_from_wire, reported_to_wire, segment_to_wire)
 from store.errors import InvalidParams
@@ -85,6 +86,28 @@ class MasterClient:
 
     def batch_put_revoke(self, keys: list[str]) -> list:
         return batch_from_wire(self._batch_call("batch_put_revoke", keys, {}, client_id=self.client_id))
+
+    # -- put reservations (store.reservations) ---------------------------------------------------
+    def reserve_space(self, length: int, config: ReplicateConfig, release: list[int] = ()) -> SpaceGrant | None:
+        """A range of ``length`` bytes for this client's next puts, or None (put the plain way);
+        ``release``: reservations of this client it will not use."""
+        return grant_from_wire(self._scoped("reserve_space", client_id=self.client_id, length=length,
+                                            config=config_to_wire(config), release=list(release)))
+
+    def batch_put_commit(self, reservation_id: int, keys: list[str], offsets: list[int], sizes: list[int],
+                         checksums: list[int | None], config: ReplicateConfig, consumed: int | None = None,
+                         reserve: int = 0, release: list[int] = ()) -> tuple[list, SpaceGrant | None]:
+        """Publish objects written into a reservation: per key None or its error, and the next
+        reservation when ``reserve`` > 0 and the master grants one. With ``consumed`` (and no
+        ``reserve``) the reservation from that offset on stays this client's, starting there.
+        ObjectNotFound when the reservation is gone. ``release``: other reservations of this
+        client it will not use. One call whatever the batch's length."""
+        answer = self._scoped("batch_put_commit", client_id=self.client_id, reservation=reservation_id, keys=keys,
+                              offsets=offsets, sizes=sizes, checksums=checksums, config=config_to_wire(config),
+                              consumed=consumed, reserve=reserve, release=list(release))
+        if not isinstance(answer, dict) or not isinstance(answer.get("results"), list):
+            raise InvalidParams(f"batch_put_commit: malformed answer {answer!r:.200}")
+        return batch_from_wire(answer["results"]), grant_from_wire(answer.get("reservation"))
 
     # -- reads and removal ---------------------------------------------------------------------
     def get_replica_list(self, key: str) -> ReplicaList:

@@ -11,6 +11,10 @@ carry the master's scoped keys as the journal handed them out.
     store.batch_put_start / batch_upsert_start {client_id, keys, sizes, config} -> [item]
     store.batch_put_end                     {client_id, keys, checksums?}    -> [item]
     store.batch_put_revoke                  {client_id, keys}                -> [item]
+    store.reserve_space                     {client_id, length, config, release?: [id]} -> grant | nil
+    store.batch_put_commit                  {client_id, reservation, keys, offsets, sizes, checksums?,
+                                             config, consumed?, reserve?, release?}
+                                            -> {results: [item], reservation: grant | nil}
     store.get_replica_list                  {key}                            -> replica list
     store.batch_get_replica_list            {keys}                           -> [item]
     store.exists / store.batch_exists       {key} / {keys}                   -> bool / [bool]
@@ -52,6 +56,10 @@ secret. Each memory replica a tenant's put or get is handed carries a grant
 The drain ops' answers are the dataclasses of :mod:`store.drain.messages`; the drain itself is
 described in :mod:`store.drain.state`.
 
+Put reservations (:mod:`store.reservations`): a grant is ``[id, replica, alignment]``; a commit
+publishes the objects a client wrote into its reservation, as PutStart and PutEnd of each would,
+and may hand out the next one. Cluster-secret clients only: a tenant's credential puts the plain way.
+
 A batch item is ``{"ok": value}`` or ``{"error": {...}}`` (see :mod:`store.wire`). The handlers
 run on the RPC I/O thread: each holds the lock for microseconds, and skipping the pool's hand-off
 is what keeps a 4 KiB put near one round trip per phase.
@@ -82,6 +90,7 @@ from store.events.publisher import KvEventPublisher
 from store.master_state import MasterState
 from store.objects import ClientStatus, ReplicaDescriptor, ReplicaList, ReplicaTier
 from store.policy import StorePolicy
+from store.reservations.messages import grant_to_wire
 from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, reported_from_wire, segment_from_wire,
@@ -133,6 +142,7 @@ class StoreService:
     def tick(self, now: float) -> None:
         with self.lock:
             self.state.release_quarantined(now)
+            self.state.expire_reservations(now)
             evicted = self.state.evict(now)
             expired = self.state.expire_clients(now)
             self.state.expire_drains(now)
@@ -234,6 +244,10 @@ class StoreService:
                 str_arg(a, "client_id"), self._keys(a), now, _checksums(a))),
             "batch_put_revoke": lambda a, now: batch_to_wire(s.batch_put_revoke(
                 str_arg(a, "client_id"), self._keys(a), now)),
+            "reserve_space": lambda a, now: grant_to_wire(s.reserve_space(
+                str_arg(a, "client_id"), int_arg(a, "length"), now, config_from_wire(a.get("config", {})),
+                int_list_arg(a, "release") if "release" in a else [])),
+            "batch_put_commit": self._batch_put_commit,
             # A replica list packs as it is (store.wire.replica_list_from_wire).
             "get_replica_list": lambda a, now: s.get_replica_list(self._key(a), now),
             "batch_get_replica_list": lambda a, now: batch_to_wire(s.batch_get_replica_list(self._keys(a), now)),
@@ -266,6 +280,17 @@ class StoreService:
             "kv_events": self._kv_events,
             **self._drain_ops(),
         }
+
+    def _batch_put_commit(self, args: dict, now: float) -> dict:
+        keys = self._keys(args)
+        checksums = _checksums(args)
+        results, grant = self.state.batch_put_commit(
+            str_arg(args, "client_id"), int_arg(args, "reservation"), keys, int_list_arg(args, "offsets"),
+            int_list_arg(args, "sizes"), [None] * len(keys) if checksums is None else checksums, now,
+            config_from_wire(args.get("config", {})),
+            int_arg(args, "consumed") if args.get("consumed") is not None else None, int_arg(args, "reserve", 0),
+            int_list_arg(args, "release") if "release" in args else [])
+        return {"results": batch_to_wire(results), "reservation": grant_to_wire(grant)}
 
     def _drain_ops(self) -> dict[str, Callable[[dict, float], Any]]:
         s = self.state

@@ -41,6 +41,7 @@ from store.objects import (ClientState, ObjectMeta, Replica, ReplicaDescriptor, 
 from store.placement import placement_order
 from store.policy import StorePolicy
 from store.replication import Replication
+from store.reservations.state import Reservation, Reservations
 from store.segment_journal import Completion, SegmentJournal
 from store.stats import MasterStats
 from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, shown, split_key, tenant_of
@@ -49,7 +50,7 @@ from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 DEFAULT_CONFIG = ReplicateConfig()
 
 
-class MasterState(Membership, Tiering, Replication, Draining):
+class MasterState(Membership, Tiering, Replication, Draining, Reservations):
     def __init__(self, policy: StorePolicy = StorePolicy(), seed: int | None = None) -> None:
         self.policy = policy
         self.stats = MasterStats()
@@ -74,6 +75,10 @@ class MasterState(Membership, Tiering, Replication, Draining):
         self.drains: dict[str, Drain] = {}
         # Freed ranges a tenant may still hold a grant on: not reused until it expired.
         self.quarantine = GrantQuarantine()
+        # Ranges granted to clients for their next small puts, by id (store.reservations). The
+        # ids come from a generator of their own: drawing them must not move placement's.
+        self.reservations: dict[int, Reservation] = {}
+        self._reservation_ids = random.Random(None if seed is None else seed + 1)
 
     # == writes ===============================================================================
     def put_start(self, client_id: str, key: str, size: int, now: float,

@@ -1,7 +1,8 @@
 """The half of the master that tracks store clients and the segments they mount.
 
 Liveness: any call from a client proves it alive; :meth:`expire_clients` drops a client silent for
-``client_ttl``, unmounts its segments (their replicas go with them) and revokes its puts in flight.
+``client_ttl``, unmounts its segments (their replicas go with them) and revokes its puts in flight
+and its put reservations.
 
 Restart: a master that restarts knows no client, so it answers their pings NEED_REMOUNT; each
 client calls :meth:`remount` with its segments and the complete objects they still hold, and the
@@ -85,7 +86,7 @@ class Membership:
 
     def expire_clients(self, now: float) -> list[str]:
         """Drop every client silent for ``client_ttl``: unmount its segments (their replicas go)
-        and revoke the puts it left in flight. Returns the dropped client ids."""
+        and revoke the puts it left in flight and its reservations. Returns the dropped client ids."""
         expired = [c for c in self.clients.values() if now - c.last_seen >= self.policy.client_ttl]
         for client in expired:
             for segment_id in list(client.segment_ids):
@@ -95,6 +96,7 @@ class Membership:
                 self.stats.num_put_revokes += 1
             for obj in [o for o in self.objects.values() if o.copying_owner == client.client_id]:
                 self._abandon_copy(obj)
+            self._release_reservations_of(client.client_id)
             del self.clients[client.client_id]
             self.stats.num_expired_clients += 1
         return [c.client_id for c in expired]
@@ -197,6 +199,7 @@ class Membership:
                 obj.promoting = None
             if any(r.segment_id == segment.segment_id for r in obj.copying):
                 self._abandon_copy(obj)  # a copy that cannot complete: free its other targets
+        self._forget_reservations_on(segment.segment_id)
         del self.segments[segment.segment_id]
         self.quarantine.forget_segment(segment.segment_id)
         self.journal.forget(segment.segment_id)

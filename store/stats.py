@@ -31,6 +31,7 @@ class MasterStats:
     num_expired_clients: int = 0
     num_objects_lost: int = 0  # objects whose last replica was on an unmounted segment
     num_adopted: int = 0  # replicas taken back from re-mounting clients
+    num_reservations: int = 0  # put reservations granted (store.reservations)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -352,6 +352,12 @@ SETTINGS: tuple[Setting, ...] = (
        "asking the master, which keeps the object unchanged until the lease ends; the bytes are "
        "checksum-verified as always, a failed reuse asks the master again, and a forced remove "
        "by another client is seen when that half lease ends. Needs the checksum setting on."),
+    _s("store", "put_reservations", "bool", True,
+       "A put of at most 2 MiB with one replica writes into a range the master granted this client "
+       "ahead of time and publishes it in one round trip instead of two (PutStart, PutEnd); the "
+       "commit's answer grants the range for the next put. A grant is used within 0.25 s of being "
+       "asked for and is otherwise released; the objects are published only once their bytes are "
+       "in place, as always. Not for upserts, tenant credentials or a master with tenant quotas."),
     _s("store", "soft_pin_ttl", "duration", 30 * 60.0,
        "Default lifetime of a soft pin (counted from when the object completes)."),
     _s("store", "max_soft_pin_ttl", "duration", 24 * 3600.0,

@@ -6,7 +6,8 @@ answers them NOT_LEADER, which sends clients back to etcd to find the leader. Lo
 also throws the master's state away (see :mod:`daemons.ha.election` for why).
 
 The op log (:mod:`daemons.ha.oplog_writer`): the leader writes its store changes to etcd, and PutEnd
-answers only once its change is there; a new leader rebuilds the objects from the log before it
+(and a put reservation's commit, which publishes objects as PutEnd does) answers only once its
+change is there; a new leader rebuilds the objects from the log before it
 serves, so an object acknowledged just before the old leader died is not lost even if its
 segment's owner had not heard of it yet.
 """
@@ -25,7 +26,7 @@ from transfer.errors import NotLeader
 from transfer.etcd.kv import EtcdKV
 
 # Answered only once etcd holds what they changed: a successor must not forget them.
-DURABLE_OPS = {"store.put_end", "store.batch_put_end", "store.set_tenant_quota"}
+DURABLE_OPS = {"store.put_end", "store.batch_put_end", "store.batch_put_commit", "store.set_tenant_quota"}
 
 
 class OpLogGate(LeaderGate):

@@ -5,7 +5,7 @@ Gauges and the state's own counters (:class:`store.stats.MasterStats`) are read 
 lock at scrape time. What the state does not keep is recorded as the ops run: the per-RPC request
 and failure counts (:class:`CountedOps` wraps the registration of every op, so an op added later
 is counted too) and the value-size histogram, observed on each successful PutStart as
-Mooncake's master observes it.
+Mooncake's master observes it (a put reservation's commit stands for its objects' PutStart).
 """
 
 from __future__ import annotations
@@ -95,9 +95,11 @@ class RpcCounts:
 
     def record(self, op: str, args: Any, outcome: Any, failed: bool) -> None:
         failed_items = total_items = 0
-        if not failed and op.startswith("store.batch_") and isinstance(outcome, list):
-            total_items = len(outcome)
-            failed_items = sum(1 for item in outcome if isinstance(item, dict) and "error" in item)
+        # A commit's answer carries its items beside the next reservation.
+        items = outcome.get("results") if op == "store.batch_put_commit" and isinstance(outcome, dict) else outcome
+        if not failed and op.startswith("store.batch_") and isinstance(items, list):
+            total_items = len(items)
+            failed_items = sum(1 for item in items if isinstance(item, dict) and "error" in item)
             failed = total_items > 0 and failed_items == total_items
         with self.lock:
             self.requests[op] += 1
@@ -114,6 +116,10 @@ class RpcCounts:
             self.value_sizes.observe([args["size"]])
         elif op in ("store.batch_put_start", "store.batch_upsert_start") and isinstance(args.get("sizes"), list):
             self.value_sizes.observe([size for size, item in zip(args["sizes"], outcome)
+                                      if isinstance(size, int) and isinstance(item, dict) and "ok" in item])
+        elif op == "store.batch_put_commit" and isinstance(args.get("sizes"), list) and isinstance(outcome, dict):
+            # Its objects' PutStart happened here: the sizes of those it published.
+            self.value_sizes.observe([size for size, item in zip(args["sizes"], outcome.get("results", ()))
                                       if isinstance(size, int) and isinstance(item, dict) and "ok" in item])
 
     def families(self) -> Iterator[Metric]:

@@ -15,7 +15,7 @@ from transfer.settings import SIZE_UNITS_HELP, parse_size
 SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
 
 
-@settings_options("cluster", "rpc", "transfer", "checksum", "reuse_read_leases", "segment_size",
+@settings_options("cluster", "rpc", "transfer", "checksum", "reuse_read_leases", "put_reservations", "segment_size",
                   "segment_prefault", "master", "cluster_id")
 def store(
     sizes: str = typer.Option(",".join(SIZES), help=f"Comma-separated value sizes. {SIZE_UNITS_HELP}"),

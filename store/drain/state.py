@@ -89,6 +89,7 @@ class Draining:
         self._check_room(segment_id, census.only_here, plan.free_elsewhere)
         quiet_after = drain.quiet_after if drain is not None else 0.0
         self.drains[segment_id] = Drain(segment_id, client_id, DrainPhase.DRAINING, quiet_after)
+        self._release_reservations_on(segment_id)  # closed to new objects: commits into it fail
         return plan
 
     def drain_pending(self, client_id: str, segment_id: str, now: float, limit: int,

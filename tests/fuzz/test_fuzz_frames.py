@@ -32,7 +32,7 @@ FRAMES = int(os.environ.get("MOONCAKE_FUZZ_FRAMES", "300"))
 RSS_BUDGET = 32 * 2**20
 HANDLER_FAILED = -906
 OPS = [
-    *(f"store.{op}" for op in ["put_start", "upsert_start", "put_end", "put_revoke", "batch_put_start", "batch_upsert_start", "batch_put_end", "batch_put_revoke", "get_replica_list", "batch_get_replica_list", "exists", "batch_exists", "remove", "batch_remove", "remove_all", "mount_segment", "unmount_segment", "add_disk_replica", "promote_start", "promote_end", "promote_revoke", "copy_start", "copy_end", "copy_revoke", "drain_start", "drain_pending", "drain_move_start", "drain_finish", "drain_cancel", "drain_status", "remount", "ping", "inspect", "kv_events", "kv_snapshot", "disk_read"]),
+    *(f"store.{op}" for op in ["put_start", "upsert_start", "put_end", "put_revoke", "batch_put_start", "batch_upsert_start", "batch_put_end", "batch_put_revoke", "reserve_space", "batch_put_commit", "get_replica_list", "batch_get_replica_list", "exists", "batch_exists", "remove", "batch_remove", "remove_all", "mount_segment", "unmount_segment", "add_disk_replica", "promote_start", "promote_end", "promote_revoke", "copy_start", "copy_end", "copy_revoke", "drain_start", "drain_pending", "drain_move_start", "drain_finish", "drain_cancel", "drain_status", "remount", "ping", "inspect", "kv_events", "kv_snapshot", "disk_read"]),
     "te.meta.put", "te.meta.get", "te.meta.remove", "te.meta.list",
     "cluster.register_service", "cluster.lookup_service", "cluster.list_services",
     "conductor.heartbeat", "conductor.prefill_done", "conductor.tokens", "conductor.index",

@@ -51,6 +51,7 @@ def objects(cluster):
         with StoreClient(daemon_address(paths, "master"),
                          config_for(mooncake.workdir, tenant_credential=_credential(mooncake, tenant))) as client:
             assert client.master.tenant == tenant and "shm" not in client.engine.status()["transports"]
+            assert client.reservations is None  # reserving is the cluster secret's: these puts go plain
             client.put("same", value_for(f"{tenant}/same", 4096))
             client.put("big", value_for(f"{tenant}/big", 3 << 19))  # a batch of slices, not inline
             assert client.get("same") == value_for(f"{tenant}/same", 4096)
