@@ -1,19 +1,19 @@
 """The store benchmark's measurements: put and get, single and batch, over the zero-copy API.
 
-Each cell moves values of one size from (or into) memory registered once with the client, the
-way a serving engine uses the store (Mooncake's put_from/get_into and their batch forms), so it
-measures the store (two master round trips per put, or one through a put reservation as a run of
-puts of up to 2 MiB uses (store.reservations; ``put_reservations`` off: two), one per get, the
-engine's copy) and not Python allocating buffers. A get of a key the cell read before (single cells; twice before in the
-batch cells), the last time less than half a lease before, reads through that get's lease without
-a round trip (store.held_leases), as a serving engine re-reading a hot prefix does;
+Each cell moves values of one size from (or into) memory registered once with the client, the way a
+serving engine uses the store (Mooncake's put_from/get_into and their batch forms), so it measures
+the store (two master round trips per put, or one through a put reservation as a run of puts of up
+to 2 MiB uses (store.reservations; ``put_reservations`` off: two), one per get, the engine's copy)
+and not Python allocating buffers. A get of a key the cell read before (single cells; twice before
+in the batch cells), the last time less than half a lease before, reads through that get's lease
+without a round trip (store.held_leases), as a serving engine re-reading a hot prefix does;
 ``reuse_read_leases`` off makes each get ask the master. A cell runs for ``duration`` seconds or
-until the keys it may use fill ``budget`` bytes, whichever comes first; the gets then read the
-keys the puts wrote. Before its timed puts a cell runs the same puts once untimed and removes
-them, so the timed ones write pool memory that was written before (as a serving store's is), not
-memory idle since the segment was committed. The objects a cell wrote are removed after it, and
-its put reservations given back, so every cell starts with the same free pool, and a benchmark of
-a shared cluster (``--master``) leaves everyone else's objects alone.
+until the keys it may use fill ``budget`` bytes, whichever comes first; the gets then read the keys
+the puts wrote. Before its timed puts a cell runs the same puts once untimed and removes them, so
+the timed ones write pool memory that was written before (as a serving store's is), not memory idle
+since the segment was committed. The objects a cell wrote are removed after it, and its put
+reservations given back, so every cell starts with the same free pool, and a benchmark of a shared
+cluster (``--master``) leaves everyone else's objects alone.
 """
 
 from __future__ import annotations

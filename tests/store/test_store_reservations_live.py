@@ -4,6 +4,9 @@ the plain way, and a reservation lost behind the client's back costs a plain put
 
 from __future__ import annotations
 
+import pytest
+
+from store.errors import ObjectAlreadyExists
 from store_cluster import FAST, client_for, value_for
 
 
@@ -50,12 +53,8 @@ def test_a_reservation_lost_behind_the_clients_back_costs_a_plain_put(mooncake):
         writer.put("c", value_for("c", 4096))
         assert calls == ["batch_put_start"]  # the commit failed as a whole: put the plain way
         assert reader.get("c") == value_for("c", 4096)
-        try:
+        with pytest.raises(ObjectAlreadyExists):
             writer.put("c", b"again")
-        except Exception as exc:  # noqa: BLE001 - the type is what is checked
-            assert type(exc).__name__ == "ObjectAlreadyExists"
-        else:
-            raise AssertionError("a put over an existing key succeeded")
 
 
 def test_with_put_reservations_off_every_put_goes_the_plain_way(mooncake):
