@@ -160,6 +160,8 @@ def test_transfer_now_many_moves_each_request_between_the_right_buffers(make_eng
     outcomes = initiator.transfer_now_many(requests[:8] + [unregistered] + requests[8:])
     assert outcomes[:8] + outcomes[9:] == [True] * 16
     assert isinstance(outcomes[8], AddressNotRegistered)
+    [alone] = initiator.transfer_now_many([unregistered])  # one request takes its own path
+    assert isinstance(alone, AddressNotRegistered)
     for target, offset, data in expected:
         assert np.array_equal(remotes[target][offset:offset + 1024], data)
     back = np.zeros(1024, np.uint8)
@@ -181,6 +183,11 @@ def test_shared_views_hand_out_both_ends_of_shared_memory_requests_only(make_eng
     assert isinstance(error, AddressNotRegistered)
     theirs[:] = ours
     assert np.array_equal(remote[5000:8000], local[100:3100])
+    # A single request is planned on its own, to the same bytes and the same refusal.
+    [(ours_alone, theirs_alone)] = initiator.shared_views(requests[:1])
+    assert bytes(ours_alone) == bytes(ours) and bytes(theirs_alone) == remote[5000:8000].tobytes()
+    [error_alone] = initiator.shared_views(requests[1:])
+    assert isinstance(error_alone, AddressNotRegistered)
 
     tcp_target, tcp_initiator, _, tcp_handle = _pair(make_engine, protocol="tcp")
     tcp_source = tcp_initiator.register_local_memory(np.ones(4096, np.uint8))
