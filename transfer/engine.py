@@ -109,7 +109,7 @@ class TransferEngine(BatchMixin):
                 pool_size=self.options.endpoint_pool_size,
                 handshake_timeout=self.options.handshake_timeout,
                 slice_timeout=self.options.slice_timeout,
-                secret=self.options.secret))
+                secret=self.options.secret, busy_poll=self.options.tcp_busy_poll))
         self._rpc.register(EXCHANGE_OP, self._exchange)
         self._rpc.start()
         # A tenant's engine (transfer.auth.TenantCredential) only initiates: nobody is to reach

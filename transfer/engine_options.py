@@ -19,6 +19,7 @@ class EngineOptions:
     handshake_timeout: float = 5.0
     transfer_timeout: float = 30.0
     slice_timeout: float = 5.0
+    tcp_busy_poll: float = 200e-6
     retry_count: int = 9
     path_cooldown: float = 30.0
     shm_copy_threads: int = 2

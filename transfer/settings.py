@@ -277,6 +277,13 @@ SETTINGS: tuple[Setting, ...] = (
        "Deadline of one transfer request; past it the request ends TIMEOUT."),
     _s("transfer", "slice_timeout", "duration", 5.0,
        "A connection with slices in flight and no progress for this long is declared dead."),
+    _s("transfer", "tcp_busy_poll", "duration", 200e-6,
+       "How long a thread moving small transfers over TCP on its own link (a store's small puts "
+       "and gets) polls for each answer, and the target of such a link for its next request, "
+       "without sleeping before it blocks: two wake-ups from sleep are most of a small "
+       "transfer's round trip on an idle host. Only while a core is free (runnable threads in "
+       "/proc/loadavg at most the cores) and no daemon that just answered this process polls "
+       "itself (rpc_busy_poll); after polls that found nothing, fewer waits poll. 0 never spins."),
     _s("transfer", "retry_count", "int", 9,
        "Times a failed slice is retried on another path before its request fails.", minimum=0),
     _s("transfer", "path_cooldown", "duration", 30.0,

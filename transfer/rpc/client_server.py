@@ -680,6 +680,8 @@ class RpcClient:
                         outcome = self._take(call.id)
             if outcome is not None:
                 break
+        if self._spin:  # the daemon polls for our next request (see spin.CoreHeadroom.peer_polls)
+            spin.HEADROOM.peer_polls(self._spin)
         if isinstance(outcome, MooncakeError):
             raise outcome
         return outcome

@@ -44,6 +44,7 @@ class CoreHeadroom:
         self._cores = usable_cores()
         self._free = True
         self._next_sample = 0.0
+        self._peer_polls_until = 0.0
 
     def free(self) -> bool:
         """True when the runnable threads, the caller among them, do not outnumber the cores."""
@@ -54,6 +55,19 @@ class CoreHeadroom:
         self._next_sample = now + self.interval
         self._free = self._sample()
         return self._free
+
+    def peer_polls(self, seconds: float) -> None:
+        """A same-host daemon just answered this process and polls for its next request for
+        up to ``seconds`` (rpc_busy_poll): its core stays taken meanwhile."""
+        self._peer_polls_until = time.perf_counter() + seconds
+
+    def free_for_a_third(self) -> bool:
+        """:meth:`free`, and no daemon that answered us is still polling. A poll for a third
+        process's answer (a TCP transfer's target, woken by our request) would otherwise hold
+        the core that process needs to wake on, the daemon's poll holding the other: on 2 cores
+        a store's single put or uncached get over TCP took ~200 us longer (one whole poll) with
+        such polls than without (`mooncake bench store --transfer-protocol tcp`)."""
+        return time.perf_counter() >= self._peer_polls_until and self.free()
 
     def _sample(self) -> bool:
         fd = self._descriptor()

@@ -28,14 +28,17 @@ Move = tuple[OpCode, memoryview, int, bytes]  # (opcode, local bytes, remote add
 
 class InlineLink:
     def __init__(self, peer: SegmentDescriptor, local_host: str | None, remote: Endpoint,
-                 handshake_timeout: float, io_timeout: float, secret: Credential | None = None) -> None:
-        """Connect and say hello; raises tcp_wire.Refused (stale peer), OSError or ConnectionError."""
+                 handshake_timeout: float, io_timeout: float, secret: Credential | None = None,
+                 busy_poll: float = 0.0) -> None:
+        """Connect and say hello; raises tcp_wire.Refused (stale peer), OSError or ConnectionError.
+        ``busy_poll``: how long the answer to a group is polled for before the thread sleeps
+        (see tcp_wire.Receiver); the thread waits for nothing else meanwhile."""
         source = (local_host, 0) if local_host else None
         sock = socket.create_connection((remote.host, remote.port), timeout=handshake_timeout,
                                         source_address=source)
         try:
             tune(sock)
-            hello(sock, peer, secret)
+            hello(sock, peer, secret, inline=True)
             sock.settimeout(None)
             seconds = int(io_timeout)
             timeval = struct.pack("ll", seconds, int((io_timeout - seconds) * 1e6))
@@ -48,7 +51,7 @@ class InlineLink:
         self._io_timeout = io_timeout
         # A tenant's credential sends the master's grant for each range (transfer.grants).
         self._sends_grants = secret is not None and secret.tenant is not None
-        self._reader = ResponseReader(sock)
+        self._reader = ResponseReader(sock, busy_poll)
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False

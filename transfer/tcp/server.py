@@ -39,12 +39,19 @@ _DRAIN_CHUNK = 1 << 20
 
 class TcpTarget:
     def __init__(self, registry: MemoryRegistry, identity: Callable[[], tuple[str, str]],
-                 listen: list[tuple[str, str]], secret: Credential | None = None) -> None:
+                 listen: list[tuple[str, str]], secret: Credential | None = None,
+                 busy_poll: float = 0.0) -> None:
         """``identity`` returns (segment name, incarnation); ``listen`` is (nic, host) pairs;
-        ``secret``: when given, only initiators proving they hold it are served."""
+        ``secret``: when given, only initiators proving they hold it are served; ``busy_poll``:
+        how long an inline link's connection (see tcp_wire.hello) that answered a group polls
+        for the next before its thread sleeps (see tcp_wire.Receiver): a caller moving small
+        objects one by one sends the next within microseconds. A batch connection's next group
+        is mostly in the socket already, and while it is not, the initiator's threads need the
+        cores."""
         self._registry = registry
         self._identity = identity
         self._secret = secret
+        self._busy_poll = busy_poll
         self._refusals = LogThrottle(log)
         self.num_refused = 0
         self._selector = selectors.DefaultSelector()
@@ -126,7 +133,7 @@ class TcpTarget:
                 return
             send_message(conn, {"ok": True})
             conn.settimeout(None)
-            self._serve_requests(conn, granted)
+            self._serve_requests(conn, granted, self._busy_poll if hello.get("inline") is True else 0.0)
         except (OSError, ConnectionError, ValueError) as exc:
             log.debug("tcp target connection ended: %s", exc)
         finally:
@@ -150,9 +157,9 @@ class TcpTarget:
         self._refusals.warning((peer, reason), "refused a TCP data connection from %s: %s", peer, reason)
         send_message(conn, {"ok": False, "error": f"refused: {reason}"})
 
-    def _serve_requests(self, conn: socket.socket, granted: GrantedRanges | None) -> None:
+    def _serve_requests(self, conn: socket.socket, granted: GrantedRanges | None, busy_poll: float) -> None:
         """``granted``: for a tenant's connection, the ranges its grants let it move."""
-        receiver = Receiver(conn)
+        receiver = Receiver(conn, busy_poll=busy_poll)
         scratch: memoryview | None = None  # where refused WRITE payloads are drained
         while True:
             count, grant_bytes = GROUP.unpack(receiver.exact(GROUP.size))

@@ -47,8 +47,11 @@ class TcpTransport(Transport):
     def __init__(self, registry: MemoryRegistry, identity, sink: SliceSink, paths: PathSet,
                  nic_addresses: dict[str, str], listen: list[tuple[str, str]], *,
                  streams_per_path: int, pool_size: int, handshake_timeout: float,
-                 slice_timeout: float, secret: Credential | None = None) -> None:
+                 slice_timeout: float, secret: Credential | None = None, busy_poll: float = 0.0) -> None:
+        """``busy_poll``: how long an inline link awaits an answer, and a target connection the
+        next request group, polling before it sleeps (see tcp_wire.Receiver)."""
         self._sink, self._paths, self._nic_addresses = sink, paths, dict(nic_addresses)
+        self._busy_poll = busy_poll
         self._streams = streams_per_path
         self._handshake_timeout, self._slice_timeout = handshake_timeout, slice_timeout
         self._lock = threading.Lock()
@@ -59,7 +62,7 @@ class TcpTransport(Transport):
         self._links: dict[tuple, InlineLink] = {}
         self.num_evicted = 0
         self._secret = secret
-        self.target = TcpTarget(registry, identity, listen, secret)
+        self.target = TcpTarget(registry, identity, listen, secret, busy_poll)
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="tcp-watchdog", daemon=True)
         self._watchdog.start()
@@ -158,7 +161,7 @@ class TcpTransport(Transport):
     def _link(self, key: tuple, peer: SegmentDescriptor, nic: str) -> InlineLink:
         local_host = self._local_address(nic)
         link = InlineLink(peer, local_host, _match_endpoint(peer.endpoints, local_host, nic),
-                          self._handshake_timeout, self._slice_timeout, self._secret)
+                          self._handshake_timeout, self._slice_timeout, self._secret, self._busy_poll)
         with self._lock:
             closed = self._stop.is_set()
             if not closed:

@@ -1,7 +1,7 @@
 """The TCP data-plane framing, shared by the initiator and the target side.
 
 On accept, the target sends a challenge (4-byte length + msgpack ``{"nonce": 16 random bytes,
-"auth": bool}``); the initiator answers with its hello ``{"segment", "incarnation", "proof"}``,
+"auth": bool}``); the initiator answers with its hello ``{"segment", "incarnation", "proof", "inline"}``,
 where proof is HMAC-SHA256(cluster secret, "mooncake-tcp-data" + nonce), and the target answers
 ``{"ok", "error"}``. A target that has the cluster secret refuses a hello without the right proof:
 nobody without the secret reads or writes its registered memory. A fresh nonce per connection
@@ -31,8 +31,10 @@ negative error code (a refused READ carries no payload, a refused WRITE's payloa
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import time
 from typing import Any
 from collections.abc import Callable, Iterable
 
@@ -41,6 +43,7 @@ import msgpack
 from transfer.auth import TCP_DATA_PURPOSE, Credential
 from transfer.batch import OpCode
 from transfer.descriptor import SegmentDescriptor
+from transfer.rpc import spin
 
 REQUEST = struct.Struct("<B7xQQQ")
 RESPONSE = struct.Struct("<qQQ")
@@ -53,6 +56,7 @@ SEND_CHUNK = 4 << 20  # bytes per sendmsg when the caller tracks progress
 SEND_BUFFER = 4 << 20  # SO_SNDBUF requested for data connections
 IOV_MAX = 1024  # buffers per sendmsg / recvmsg_into call (Linux UIO_MAXIOV)
 RECEIVE_BUFFER = 16 << 10  # bytes a Receiver reads ahead: headers and small payloads in one call
+MAX_POLL_BACKOFF = 64  # waits a Receiver blocks at once, at most, after polls that found nothing
 _LENGTH = struct.Struct("<I")
 MAX_HELLO = 64 * 1024
 
@@ -66,9 +70,11 @@ class Refused(ConnectionError):
     proof of the cluster secret is missing or wrong)."""
 
 
-def hello(sock: socket.socket, peer: SegmentDescriptor, secret: Credential | None) -> None:
+def hello(sock: socket.socket, peer: SegmentDescriptor, secret: Credential | None, inline: bool = False) -> None:
     """Answer the target's challenge with the hello naming the ``peer`` incarnation it means;
-    Refused if the target is another one now or does not accept our proof."""
+    Refused if the target is another one now or does not accept our proof. ``inline``: the
+    connection is one thread's own link, whose every group that thread sends and then awaits
+    (tcp_inline): the target polls for its next group before sleeping, and for no other."""
     challenge = recv_message(sock)
     nonce = challenge.get("nonce")
     if not isinstance(nonce, bytes):
@@ -77,7 +83,8 @@ def hello(sock: socket.socket, peer: SegmentDescriptor, secret: Credential | Non
         raise Refused(f"{peer.name} requires the cluster secret and this engine has none")
     proof = secret.proof(TCP_DATA_PURPOSE, nonce) if secret else None
     tenant = {"tenant": secret.tenant} if secret is not None and secret.tenant is not None else {}
-    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation, "proof": proof, **tenant})
+    send_message(sock, {"segment": peer.name, "incarnation": peer.incarnation, "proof": proof,
+                        "inline": inline, **tenant})
     answer = recv_message(sock)
     if not answer.get("ok"):
         raise Refused(str(answer.get("error", "handshake refused")))
@@ -102,12 +109,25 @@ class Receiver:
     """One socket's incoming stream, read through a small buffer: a single ``recv`` picks up a
     frame's header, its entries and any small payloads behind them together (a 4 KiB READ
     costs one receive call, not three), while the rest of a large payload goes straight from
-    the socket into its memory. Bytes past the current frame stay buffered for the next."""
+    the socket into its memory. Bytes past the current frame stay buffered for the next.
 
-    def __init__(self, sock: socket.socket, size: int = RECEIVE_BUFFER) -> None:
+    ``busy_poll``: how long :meth:`exact` polls the socket without sleeping before it blocks,
+    while a core is free (:mod:`transfer.rpc.spin`): over loopback on the 2-core VM a 4 KiB
+    ping-pong took 67-78 us with both ends blocking, 24-27 with the asking end polling and
+    11-12 with both (/tmp/mb/pingspin.py): most of a small transfer's round trip is two
+    wake-ups from sleep. Not while a daemon that just answered this process still polls
+    (:meth:`transfer.rpc.spin.CoreHeadroom.free_for_a_third`). A poll that found nothing doubles the count of the waits after it that
+    block at once (up to MAX_POLL_BACKOFF); one that found bytes ends that: a peer whose next
+    bytes come later than a poll lasts (a put's target, whose initiator asks the master between
+    two writes) is not polled for in vain each time, one that answers within it always is."""
+
+    def __init__(self, sock: socket.socket, size: int = RECEIVE_BUFFER, busy_poll: float = 0.0) -> None:
         self.sock = sock
         self._buffer = memoryview(bytearray(size))
         self._start = self._end = 0  # the buffered, not yet consumed bytes
+        self._busy_poll = busy_poll
+        self._backoff = 0  # waits to block at once after the last poll that found nothing
+        self._skips = 0  # of those, still to come
 
     def exact(self, size: int) -> memoryview:
         """The next ``size`` (at most the buffer's size) bytes: a view of the buffer, valid
@@ -117,6 +137,8 @@ class Receiver:
                 left = self._end - self._start
                 self._buffer[:left] = bytes(self._buffer[self._start:self._end])
                 self._start, self._end = 0, left
+            if self._busy_poll:
+                self._poll(size)
             while self._end < size:
                 got = self.sock.recv_into(self._buffer[self._end:])
                 if not got:
@@ -125,6 +147,33 @@ class Receiver:
         view = self._buffer[self._start:self._start + size]
         self._start += size
         return view
+
+    def _poll(self, size: int) -> None:
+        """Buffer what arrives within busy_poll, up to ``size`` bytes, without sleeping, unless
+        this wait is one to block at once or every core is taken."""
+        if self._skips:
+            self._skips -= 1
+            return
+        if not spin.HEADROOM.free_for_a_third():
+            return
+        had = self._end
+        until = time.perf_counter() + self._busy_poll
+        while self._end < size and time.perf_counter() < until:
+            try:
+                got = self.sock.recv_into(self._buffer[self._end:], 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                # A process woken onto this core (the target our request woke) runs now
+                # rather than after the poll: with 2 cores, one held by another poller, it
+                # otherwise waited the whole poll.
+                os.sched_yield()
+                continue
+            if not got:
+                raise PeerClosed("peer closed the connection")
+            self._end += got
+        if self._end > had:
+            self._backoff = 0
+        else:
+            self._backoff = self._skips = min(MAX_POLL_BACKOFF, max(1, 2 * self._backoff))
 
     def drain_into(self, views: list, first: int) -> int:
         """Copy buffered bytes into ``views`` from index ``first`` (see :func:`advance`);
@@ -153,10 +202,10 @@ class Receiver:
 
 
 class ResponseReader:
-    """Reads response frames off one connection."""
+    """Reads response frames off one connection (``busy_poll``: see :class:`Receiver`)."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._receiver = Receiver(sock)
+    def __init__(self, sock: socket.socket, busy_poll: float = 0.0) -> None:
+        self._receiver = Receiver(sock, busy_poll=busy_poll)
 
     def read(self, read_views: Callable[[list[int]], list[memoryview | None]],
              progress: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:

@@ -300,3 +300,27 @@ def test_slow_senders_together_cannot_make_the_server_hold_more_than_its_budget(
         for sock in stalled:
             sock.close()
         server.stop(drain_timeout=0)
+
+
+def test_a_reply_over_a_polling_stream_tells_this_process_the_daemon_polls(tmp_path, monkeypatch):
+    """After a reply on a same-host stream the daemon polls for the next request: a poll for a
+    third process's answer (a TCP transfer's target) waits until that poll is over; a reply over
+    ZeroMQ, whose client does not poll, says nothing of the kind."""
+    from transfer.rpc import spin
+
+    monkeypatch.setattr(spin.HEADROOM, "free", lambda: True)
+    spin.HEADROOM.peer_polls(0.0)
+    server = RpcServer("tcp://127.0.0.1:*", busy_poll=0.05)
+    stream = server.bind(f"unix://{tmp_path / 'third.sock'}")
+    server.register("echo", lambda r: Reply(r.args))
+    server.start()
+    try:
+        with RpcClient(server.address, timeout=5, busy_poll=30.0) as client:
+            client.call("echo", {})
+        assert spin.HEADROOM.free_for_a_third()
+        with RpcClient(stream, timeout=5, busy_poll=30.0) as client:
+            client.call("echo", {})
+        assert not spin.HEADROOM.free_for_a_third()
+    finally:
+        spin.HEADROOM.peer_polls(0.0)
+        server.stop(drain_timeout=1)

@@ -185,3 +185,33 @@ def test_links_of_threads_that_ended_are_closed_when_another_thread_opens_one(ma
     assert initiator.transfer_now_many([write]) == [True]  # this thread's new link
     assert outcomes == [True] * 5
     assert len(_tcp(initiator)._links) == 1, "the ended threads' links should have been closed"
+
+
+def test_both_ends_of_an_inline_link_poll_and_a_batch_connections_target_does_not(make_engine, monkeypatch):
+    """A thread's own link carries one group at a time, each awaited: its answer is polled for
+    by the caller, and its next group by the target (the hello says which link it is). A batch
+    connection's target thread sleeps at once: there the initiator's own threads need the cores."""
+    import transfer.tcp.server as server
+
+    target_polls: list[float] = []
+
+    class Recording(server.Receiver):
+        def __init__(self, sock, **options):
+            target_polls.append(options.get("busy_poll", 0.0))
+            super().__init__(sock, **options)
+
+    monkeypatch.setattr(server, "Receiver", Recording)
+    target = make_engine(protocol="tcp", tcp_busy_poll=300e-6)
+    initiator = make_engine(protocol="tcp", tcp_busy_poll=300e-6)
+    remote = target.allocate_shared_buffer(MiB)
+    handle = initiator.open_segment(target.name)
+    base = initiator.segment_descriptor(handle).buffers[0].address
+    data = np.arange(4 * KiB, dtype=np.uint8)
+    source = initiator.register_local_memory(data)
+    assert initiator.transfer_now_many([TransferRequest(OpCode.WRITE, source, handle, base, 4 * KiB)]) == [True]
+    assert target_polls == [300e-6]
+    [link] = _tcp(initiator)._links.values()
+    assert link._reader._receiver._busy_poll == 300e-6
+    assert initiator.transfer_sync([TransferRequest(OpCode.WRITE, source, handle, base + 8 * KiB, 4 * KiB)]) == 4 * KiB
+    assert target_polls[0] == 300e-6 and set(target_polls[1:]) == {0.0}
+    assert np.array_equal(remote[:4 * KiB], data) and np.array_equal(remote[8 * KiB:12 * KiB], data)
