@@ -340,7 +340,7 @@ class BatchMixin:
     def _move_one_now(self, request: TransferRequest) -> bool | MooncakeError:
         """transfer_now_many of one request (a store's single put or get), planned on its own:
         a batch's columns, common plan and grouping cost more than its move's own Python work
-        (one 4 KiB READ over TCP: 20 us above the transport's move_now, 8 with this,
+        (one 4 KiB READ over TCP: 20-23 us above the transport's move_now, 4-7 with this,
         /tmp/mb/tcplayers.py)."""
         try:
             plan = self._plan(request)

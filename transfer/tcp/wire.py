@@ -116,10 +116,11 @@ class Receiver:
     ping-pong took 67-78 us with both ends blocking, 24-27 with the asking end polling and
     11-12 with both (/tmp/mb/pingspin.py): most of a small transfer's round trip is two
     wake-ups from sleep. Not while a daemon that just answered this process still polls
-    (:meth:`transfer.rpc.spin.CoreHeadroom.free_for_a_third`). A poll that found nothing doubles the count of the waits after it that
-    block at once (up to MAX_POLL_BACKOFF); one that found bytes ends that: a peer whose next
-    bytes come later than a poll lasts (a put's target, whose initiator asks the master between
-    two writes) is not polled for in vain each time, one that answers within it always is."""
+    (:meth:`transfer.rpc.spin.CoreHeadroom.free_for_a_third`). A poll that found nothing
+    doubles the count of the waits after it that block at once (up to MAX_POLL_BACKOFF); one
+    that found bytes ends that: a peer whose next bytes come later than a poll lasts (a put's
+    target, whose initiator asks the master between two writes) is not polled for in vain
+    each time, one that answers within it always is."""
 
     def __init__(self, sock: socket.socket, size: int = RECEIVE_BUFFER, busy_poll: float = 0.0) -> None:
         self.sock = sock
