@@ -39,67 +39,96 @@ def test_frames_small_and_large_payloads_and_leftovers_come_out_in_order():
             receiver.exact(1)
 
 
+class RecordedReceives:
+    """The flags of each receive call on the receiving end of a socketpair (MSG_DONTWAIT for a
+    poll, 0 for a blocking receive), and a way to send bytes only once a blocking receive has
+    begun: bytes that come "late", after any poll, whatever the machine's load."""
+
+    def __init__(self, sender: socket.socket, other_end: socket.socket) -> None:
+        self.sender, self.other_end = sender, other_end
+        self.flags: list[int] = []
+        self.blocking = threading.Event()
+
+    def record(self, flags: int) -> None:
+        self.flags.append(flags)
+        if flags == 0:
+            self.blocking.set()
+
+    def send_once_blocking(self, data: bytes) -> threading.Thread:
+        self.blocking.clear()
+
+        def send() -> None:
+            assert self.blocking.wait(10), "the receiver never blocked"
+            self.sender.sendall(data)
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        return thread
+
+
 @pytest.fixture
-def receive_flags(monkeypatch):
-    """The socketpair (sender, receiving end) whose receiving end records the flags of each
-    receive call: MSG_DONTWAIT for a poll, 0 for a blocking receive. Cores count as free."""
-    flags: list[int] = []
+def receives(monkeypatch):
+    """A socketpair whose receiving end's receive calls are recorded (RecordedReceives). Cores
+    count as free."""
     real_recv_into = socket.socket.recv_into
-    monkeypatch.setattr("transfer.rpc.spin.HEADROOM.free_for_a_third", lambda: True)
-    monkeypatch.setattr(socket.socket, "recv_into",
-                        lambda sock, buffer, n=0, f=0: flags.append(f) or real_recv_into(sock, buffer, n, f))
     sender, other_end = socket.socketpair()
+    recorded = RecordedReceives(sender, other_end)
+
+    def recv_into(sock, buffer, nbytes=0, flags=0):
+        if sock is other_end:
+            recorded.record(flags)
+        return real_recv_into(sock, buffer, nbytes, flags)
+
+    monkeypatch.setattr("transfer.rpc.spin.HEADROOM.free_for_a_third", lambda: True)
+    monkeypatch.setattr(socket.socket, "recv_into", recv_into)
     with sender, other_end:
-        yield sender, other_end, flags
+        yield recorded
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.05])
-def test_a_polling_receiver_takes_bytes_that_come_during_its_poll_or_after_it(receive_flags, delay):
+def test_a_polling_receiver_takes_bytes_that_come_during_its_poll_or_after_it(receives):
     """With busy_poll the first bytes are polled for without sleeping; bytes that come only
     after the poll ran out are still read, by the blocking receive that follows. A frame split
     over two sends comes out whole either way."""
-    sender, other_end, flags = receive_flags
-    receiver = Receiver(other_end, size=1024, busy_poll=0.01)
-    timer = threading.Timer(delay, lambda: (sender.sendall(b"HEAD"), sender.sendall(b"TAIL")))
-    timer.start()
+    receiver = Receiver(receives.other_end, size=1024, busy_poll=0.01)
+    receives.sender.sendall(b"HEAD")
+    receives.sender.sendall(b"TAIL")
     assert bytes(receiver.exact(8)) == b"HEADTAIL"
-    timer.join()
-    assert socket.MSG_DONTWAIT in flags  # it polled first
-    if delay > 0.01:
-        assert flags[-1] == 0  # the poll ran out: the bytes came to a blocking receive
-    sender.close()
+    assert receives.flags[0] == socket.MSG_DONTWAIT  # found while polling
+
+    receives.flags.clear()
+    late = receives.send_once_blocking(b"LATE")
+    assert bytes(receiver.exact(4)) == b"LATE"
+    late.join()
+    assert receives.flags[0] == socket.MSG_DONTWAIT and receives.flags[-1] == 0  # polled, then blocked
+    receives.sender.close()
     with pytest.raises(PeerClosed):
         receiver.exact(1)
 
 
-def test_no_poll_while_every_core_is_taken(receive_flags, monkeypatch):
+def test_no_poll_while_every_core_is_taken(receives, monkeypatch):
     """On a busy host the poll would hold the core the peer needs: the receiver blocks at once."""
-    sender, other_end, flags = receive_flags
     monkeypatch.setattr("transfer.rpc.spin.HEADROOM.free_for_a_third", lambda: False)
-    receiver = Receiver(other_end, size=1024, busy_poll=1.0)
-    sender.sendall(b"DATA")
+    receiver = Receiver(receives.other_end, size=1024, busy_poll=1.0)
+    receives.sender.sendall(b"DATA")
     assert bytes(receiver.exact(4)) == b"DATA"
-    assert flags == [0]
+    assert receives.flags == [0]
 
 
-def test_a_poll_that_found_nothing_makes_the_next_waits_block_at_once_until_one_finds_bytes(receive_flags):
+def test_a_poll_that_found_nothing_makes_the_next_waits_block_at_once_until_one_finds_bytes(receives):
     """A peer whose bytes come later than a poll lasts is polled for less and less often (one
     wait in 2, then in 3...); bytes found by a poll make every wait poll again."""
-    sender, other_end, flags = receive_flags
-    receiver = Receiver(other_end, size=1024, busy_poll=0.001)
+    receiver = Receiver(receives.other_end, size=1024, busy_poll=0.001)
 
-    def polled(delay: float) -> bool:
-        flags.clear()
-        timer = threading.Timer(delay, sender.sendall, args=(b"X",))
-        timer.start()
+    def polled_for_late_bytes() -> bool:
+        receives.flags.clear()
+        late = receives.send_once_blocking(b"X")
         assert bytes(receiver.exact(1)) == b"X"
-        timer.join()
-        return socket.MSG_DONTWAIT in flags
+        late.join()
+        return socket.MSG_DONTWAIT in receives.flags
 
-    late = 0.03
-    assert [polled(late) for _ in range(6)] == [True, False, True, False, False, True]
-    assert [polled(late) for _ in range(4)] == [False] * 4  # after a third miss, four
-    sender.sendall(b"Z")  # waiting when the next poll starts: it finds bytes
-    flags.clear()
-    assert bytes(receiver.exact(1)) == b"Z" and flags == [socket.MSG_DONTWAIT]
-    assert [polled(late) for _ in range(3)] == [True, False, True]  # back to one in 2
+    assert [polled_for_late_bytes() for _ in range(6)] == [True, False, True, False, False, True]
+    assert [polled_for_late_bytes() for _ in range(4)] == [False] * 4  # after a third miss, four
+    receives.sender.sendall(b"Z")  # waiting when the next poll starts: it finds bytes
+    receives.flags.clear()
+    assert bytes(receiver.exact(1)) == b"Z" and receives.flags == [socket.MSG_DONTWAIT]
+    assert [polled_for_late_bytes() for _ in range(3)] == [True, False, True]  # back to one in 2
