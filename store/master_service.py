@@ -91,7 +91,7 @@ from store.master_state import MasterState
 from store.objects import ClientStatus, ReplicaDescriptor, ReplicaList, ReplicaTier
 from store.policy import StorePolicy
 from store.reservations.messages import grant_to_wire
-from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key
+from store.tenants import DEFAULT_TENANT, check_tenant, scoped_key, scoped_keys
 from store.wire import (batch_to_wire, bool_arg, config_from_wire, int_arg,
                         int_list_arg, reported_from_wire, segment_from_wire,
                         str_arg, str_list_arg)
@@ -322,7 +322,7 @@ class StoreService:
 
     def _keys(self, args: dict) -> list[str]:
         tenant = _tenant(args)
-        return [scoped_key(tenant, key) for key in self._batch_keys(args)]
+        return scoped_keys(tenant, self._batch_keys(args))
 
     def _batch_keys(self, args: dict) -> list[str]:
         """A batch op's keys, refused beyond ``store_max_batch_keys``: the ops run under the store
@@ -412,4 +412,6 @@ def _checksums(args: dict) -> list[int | None] | None:
         return None
     if not isinstance(values, list):
         raise InvalidParams("checksums must be a list")
+    if all(type(v) is int for v in values):  # one pass, no call per key: the common case
+        return values
     return [v if isinstance(v, int) and not isinstance(v, bool) else None for v in values]

@@ -44,7 +44,8 @@ from store.replication import Replication
 from store.reservations.state import Reservation, Reservations
 from store.segment_journal import Completion, SegmentJournal
 from store.stats import MasterStats
-from store.tenants import DEFAULT_TENANT, TenantLedger, parse_quotas, shown, split_key, tenant_of
+from store.tenants import (DEFAULT_TENANT, KEY_SEPARATOR, TenantLedger, local_key, parse_quotas, shown, split_key,
+                           tenant_of)
 from store.tiering import PROMOTE_AFTER_DISK_READS, Tiering
 
 DEFAULT_CONFIG = ReplicateConfig()
@@ -275,19 +276,21 @@ class MasterState(Membership, Tiering, Replication, Draining, Reservations):
 
     def _lease(self, obj: ObjectMeta, now: float) -> ReplicaList:
         """get_replica_list of complete ``obj``: its lease, its use, its replicas."""
-        key = obj.key
-        obj.lease_deadline = max(obj.lease_deadline, now + self.policy.lease_ttl)
+        key, lease_ttl = obj.key, self.policy.lease_ttl
+        if obj.lease_deadline < now + lease_ttl:
+            obj.lease_deadline = now + lease_ttl
         obj.last_access = now
-        if key in self.lru:
-            self.lru.move_to_end(key)
-            # Used again: no longer a victim; a disk copy its owner still reports is just kept.
-            self.offload_pending.pop(key, None)
+        lru = self.lru
+        if key in lru:
+            lru.move_to_end(key)
+            if self.offload_pending:  # used again: no longer a victim; a disk copy is just kept
+                self.offload_pending.pop(key, None)
         elif obj.promoting is None:  # only on disk
             obj.disk_reads += 1
         self.stats.num_leases_granted += 1
         promote = obj.promoting is None and obj.disk_reads >= PROMOTE_AFTER_DISK_READS
-        return tuple_of(ReplicaList, (split_key(key)[1], obj.size, self._describe(obj), self.policy.lease_ttl,
-                                      obj.checksum, promote))
+        return tuple_of(ReplicaList, (local_key(key), obj.size, self._describe(obj), lease_ttl, obj.checksum,
+                                      promote))
 
     def batch_get_replica_list(self, keys: list[str], now: float) -> list[ReplicaList | MooncakeError]:
         objects = self.objects
@@ -426,6 +429,16 @@ class MasterState(Membership, Tiering, Replication, Draining, Reservations):
         return sum(s.allocator.num_used_bytes for s in self.segments.values())
 
     # == helpers ==============================================================================
+    def _key_errors(self, keys: list[str]) -> list[MooncakeError | None]:
+        """Per key None, or the error :meth:`_check_key` raises for it. Without a call per key
+        when no key could fail: a string of at most a quarter of ``max_key_length`` characters
+        (a character is at most 4 bytes of UTF-8) that does not end with the tenant separator
+        (a scoped key's own part is then not empty)."""
+        limit = self.policy.max_key_length // 4
+        if all(type(k) is str and 0 < len(k) <= limit and k[-1] != KEY_SEPARATOR for k in keys):
+            return [None] * len(keys)
+        return [_attempt(self._check_key, k) for k in keys]
+
     def _check_key(self, key: str) -> None:
         local = split_key(key)[1] if isinstance(key, str) else ""
         if not local:
@@ -475,11 +488,14 @@ class MasterState(Membership, Tiering, Replication, Draining, Reservations):
 
     def _new_object(self, client_id: str, key: str, size: int, now: float, config: ReplicateConfig,
                     replicas: list[Replica]) -> ObjectMeta:
-        soft_ttl = None
-        if config.soft_pin:
-            soft_ttl = min(config.soft_pin_ttl or self.policy.soft_pin_ttl, self.policy.max_soft_pin_ttl)
         return ObjectMeta(key, size, client_id, replicas, now, hard_pinned=config.hard_pin,
-                          soft_pin_ttl=soft_ttl)
+                          soft_pin_ttl=self._soft_pin_ttl(config))
+
+    def _soft_pin_ttl(self, config: ReplicateConfig) -> float | None:
+        """How long a put with ``config`` stays soft-pinned once complete; None: not pinned."""
+        if not config.soft_pin:
+            return None
+        return min(config.soft_pin_ttl or self.policy.soft_pin_ttl, self.policy.max_soft_pin_ttl)
 
     def _placement(self, client_id: str, config: ReplicateConfig) -> list[SegmentState]:
         """The order in which a put by ``client_id`` tries the segments (store.placement)."""
@@ -667,8 +683,10 @@ class MasterState(Membership, Tiering, Replication, Draining, Reservations):
     def _describe(self, obj: ObjectMeta) -> list[ReplicaDescriptor]:
         """Memory replicas first: a reader tries them before any disk one."""
         replicas = obj.replicas
-        if len(replicas) > 1:  # the common single replica needs no sort (it is per key of a batch)
-            replicas = sorted(replicas, key=lambda r: not r.in_memory)
+        if len(replicas) == 1:  # the common case, per key of a batch: no sort, no comprehension
+            replica = replicas[0]
+            return [self.segments[replica.segment_id].describe(replica, obj.size)]
+        replicas = sorted(replicas, key=lambda r: not r.in_memory)
         return [self.segments[r.segment_id].describe(r, obj.size) for r in replicas]
 
 

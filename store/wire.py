@@ -62,12 +62,20 @@ def bool_arg(args: dict, name: str, default: bool = False) -> bool:
     return bool(args.get(name, default))
 
 
+# The list arguments are checked in one pass with no call per item (a batch names one per key);
+# only a list that fails it is gone through item by item, to name what is wrong.
 def str_list_arg(args: dict, name: str) -> list[str]:
-    return [_str(v, name) for v in arg(args, name, _list)]
+    values = arg(args, name, _list)
+    if all(type(v) is str for v in values):
+        return values
+    return [_str(v, name) for v in values]
 
 
 def int_list_arg(args: dict, name: str) -> list[int]:
-    return [_int(v, name) for v in arg(args, name, _list)]
+    values = arg(args, name, _list)
+    if all(type(v) is int for v in values):  # exact: a bool is no integer here
+        return values
+    return [_int(v, name) for v in values]
 
 
 def optional_int(value: Any, what: str) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from store.errors import InvalidParams, MooncakeError, ObjectNotFound
-from store.objects import Replica, ReplicateConfig
+from store.objects import ObjectMeta, Replica, ReplicaStatus, ReplicateConfig
 from store.reservations.messages import SpaceGrant
 from store.segment_journal import Completion
 from store.tenants import tenant_of
@@ -32,6 +32,7 @@ from store.tenants import tenant_of
 # A reservation only pays off where a round trip is a good part of a put: small objects. Bigger
 # asks get no grant, so an idle client never holds much of a segment.
 MAX_RESERVATION_BYTES = 2 << 20
+_COMPLETE = ReplicaStatus.COMPLETE
 # Reservations one client may hold at once (one per thread that puts, in practice).
 MAX_PER_CLIENT = 16
 
@@ -97,26 +98,36 @@ class Reservations:
             del self.reservations[reservation_id]
         else:
             reservation.advance(keep_from)
-        results: list[None | MooncakeError] = []
+        # The objects are born complete: PutStart's and PutEnd's work per key in one pass, with
+        # what they count added up once. The master's time is most of a small batch put's round
+        # trip: reserve + commit of 32 objects 157-162 -> 124-130 us (/tmp/mb/commit.py).
+        results: list[None | MooncakeError] = self._key_errors(keys)
         completions: list[Completion] = []
         stored: list[tuple[str, str]] = []
-        objects = self.objects
-        for key, address, size, checksum in zip(keys, addresses, sizes, checksums):
-            try:
-                self._check_key(key)
-                existing = objects.get(key)
-                if existing is not None:
-                    self._preempt_or_refuse(existing, now)  # as PutStart: refused unless abandoned
-            except MooncakeError as exc:
+        charged: dict[str, int] = {}
+        objects, lru, segment_id = self.objects, self.lru, reservation.segment_id
+        hard_pinned, soft_pin_ttl = config.hard_pin, self._soft_pin_ttl(config)
+        soft_pin_deadline = None if soft_pin_ttl is None else now + soft_pin_ttl  # from completion
+        for n, (key, address, size, checksum) in enumerate(zip(keys, addresses, sizes, checksums)):
+            if results[n] is None and key in objects:
+                try:
+                    self._preempt_or_refuse(objects[key], now)  # as PutStart: refused unless abandoned
+                except MooncakeError as exc:
+                    results[n] = exc
+            if results[n] is not None:
                 segment.allocator.free(address)
-                results.append(exc)
                 continue
-            obj = objects[key] = self._new_object(client_id, key, size, now, config,
-                                                  [Replica(reservation.segment_id, address)])
-            self.tenants.charge(tenant_of(key), size)
-            self.stats.num_put_starts += 1
-            self._mark_complete(obj, now, checksum, completions, stored)
-            results.append(None)
+            objects[key] = ObjectMeta(key, size, client_id, [Replica(segment_id, address, _COMPLETE)], now,
+                                      hard_pinned, soft_pin_ttl, soft_pin_deadline, 0.0, now, checksum)
+            lru[key] = None
+            completions.append((segment_id, key, address, size, checksum, hard_pinned))
+            stored.append((key, segment_id))
+            tenant = tenant_of(key)
+            charged[tenant] = charged.get(tenant, 0) + size
+        for tenant, num_bytes in charged.items():
+            self.tenants.charge(tenant, num_bytes)
+        self.stats.num_put_starts += len(completions)
+        self.stats.num_put_ends += len(completions)
         self.journal.completed_many(completions)
         self.kv_events.stored_many(stored)
         return results, (self._grant(client_id, reserve, now, config) if reserve > 0 else None)

@@ -232,34 +232,45 @@ def test_a_reservation_goes_where_the_put_would(strategy, config):
         assert reserving.reserve_space("c9", KIB, 1.0, config).replica.segment_id == chosen
 
 
-keys = st.sampled_from(["a", "b", "c", "d", ""])
+# Tenants' keys, and keys the master refuses: empty, a tenant's empty key, over max_key_length
+# (8 bytes in this test) in characters or only in UTF-8 bytes.
+keys = st.sampled_from(["a", "b", "c", "d", "", "t\0a", "t\0b", "t\0", "\0a", "éé", "ééééé", "abcdefghi"])
 batches = st.lists(st.tuples(keys, st.integers(1, 300)), min_size=0, max_size=6)
+configs = st.sampled_from([ONE, ReplicateConfig(hard_pin=True), ReplicateConfig(soft_pin=True),
+                           ReplicateConfig(soft_pin=True, soft_pin_ttl=5.0)])
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), batches), max_size=6))
+@given(st.lists(st.tuples(st.booleans(), batches, configs), max_size=6))
 def test_committed_puts_end_as_plain_puts_do(history):
     """The same batches, put the plain way (PutStart, PutEnd per key) into one master and
     committed from reservations into another: the same answers, objects, journal and events,
     addresses aside; and every range accounted for throughout."""
-    plain, reserved = mounted(1, size=64 * KIB), mounted(1, size=64 * KIB)
-    for step, (keep_rest, batch) in enumerate(history):
+    plain, reserved = mounted(1, size=64 * KIB, max_key_length=8), mounted(1, size=64 * KIB, max_key_length=8)
+    for step, (keep_rest, batch, config) in enumerate(history):
         now = float(step)
         names, sizes = [k for k, _ in batch], [n for _, n in batch]
-        started = plain.batch_put_start("c1", names, sizes, now)
+        started = plain.batch_put_start("c1", names, sizes, now, config)
         ended = plain.batch_put_end("c1", [k for k, s in zip(names, started) if isinstance(s, list)], now,
                                     [n for n, s in zip(sizes, started) if isinstance(s, list)])
         expected = iter(ended)
         want = [type(s) if not isinstance(s, list) else type(next(expected)) for s in started]
-        grant = reserved.reserve_space("c1", 2 * KIB, now, ONE)
+        grant = reserved.reserve_space("c1", 2 * KIB, now, config)
         offsets = [i * 320 for i in range(len(batch))]  # aligned, a gap after each
-        results, _ = reserved.batch_put_commit("c1", grant.reservation_id, names, offsets, sizes, sizes, now, ONE,
+        results, _ = reserved.batch_put_commit("c1", grant.reservation_id, names, offsets, sizes, sizes, now, config,
                                                consumed=len(batch) * 320 if keep_rest else None)
         assert [type(r) for r in results] == want
         check(reserved)
-    assert {k: (o.size, o.checksum, o.complete) for k, o in plain.objects.items()} == \
-        {k: (o.size, o.checksum, o.complete) for k, o in reserved.objects.items()}
+    assert {k: _record(o) for k, o in plain.objects.items()} == {k: _record(o) for k, o in reserved.objects.items()}
+    assert list(plain.lru) == list(reserved.lru) and plain.tenants.used == reserved.tenants.used
+    assert plain.stats.num_put_starts == reserved.stats.num_put_starts
     assert [(c.kind, c.key, c.size, c.checksum) for c in plain.journal.since("s1", 0)] == \
         [(c.kind, c.key, c.size, c.checksum) for c in reserved.journal.since("s1", 0)]
     assert plain.kv_events.take() == reserved.kv_events.take()
     assert plain.stats.num_put_ends == reserved.stats.num_put_ends
+
+
+def _record(obj) -> tuple:
+    """Everything the master keeps of an object but where its replicas are."""
+    fields = {**{name: getattr(obj, name) for name in obj.__slots__}, "replicas": None}
+    return (*sorted(fields.items()), *[(r.segment_id, r.status, r.tier) for r in obj.replicas])

@@ -13,7 +13,8 @@ import pytest
 from store.errors import InvalidParams
 from store.objects import ReplicaDescriptor, ReplicaList
 from store.segment_journal import SegmentJournal
-from store.wire import batch_from_wire, batch_to_wire, replica_list_from_wire
+from store.tenants import DEFAULT_TENANT, scoped_key, scoped_keys
+from store.wire import batch_from_wire, batch_to_wire, int_list_arg, replica_list_from_wire, str_list_arg
 
 
 def _over_the_wire(value):
@@ -51,3 +52,28 @@ def test_journal_changes_unpack_positionally_in_field_order():
     journal.gone("s1", "k", 4096)
     unpacked = _over_the_wire(journal.since("s1", 0))
     assert unpacked == [[1, "complete", "k", 4096, 100, 7, True], [2, "gone", "k", 4096, 0, None, False]]
+
+
+@pytest.mark.parametrize("name, values, culprit", [
+    ("keys", ["a", "b", 3], "keys must be a string, got int"),
+    ("offsets", [0, 64, True], "offsets must be an integer, got bool"),  # a bool is no integer
+    ("offsets", [0, 64.0], "offsets must be an integer, got float"),
+])
+def test_a_list_argument_with_one_bad_item_is_refused_naming_it(name, values, culprit):
+    check = str_list_arg if name == "keys" else int_list_arg
+    with pytest.raises(InvalidParams, match=culprit):
+        check({name: _over_the_wire(values)}, name)
+
+
+def test_list_arguments_of_the_right_items_come_back_as_sent():
+    assert str_list_arg({"keys": ["a", "é"]}, "keys") == ["a", "é"]
+    assert int_list_arg({"sizes": [0, 1 << 40]}, "sizes") == [0, 1 << 40]
+
+
+def test_a_batch_of_keys_is_scoped_like_each_key_and_refused_whole_for_a_nul():
+    keys = ["a", "b\x01", "é"]
+    assert scoped_keys("t", keys) == [scoped_key("t", k) for k in keys]
+    assert scoped_keys(DEFAULT_TENANT, keys) == keys
+    for tenant in ("t", DEFAULT_TENANT):
+        with pytest.raises(InvalidParams, match="NUL"):
+            scoped_keys(tenant, ["a", "b\0c", "d"])
