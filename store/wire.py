@@ -151,8 +151,9 @@ def replica_list_from_wire(data: Any) -> ReplicaList:
             and type(lease_ttl) in (float, int) and (checksum is None or type(checksum) is int)
             and type(promote) is bool):
         raise InvalidParams(f"replica list fields have the wrong types: {data!r:.200}")
-    return tuple_of(ReplicaList, (key, size, [descriptor_from_wire(r) for r in replicas], float(lease_ttl),
-                                  checksum, promote))
+    # One replica is the common case, per object of a batch: no comprehension for it.
+    described = [descriptor_from_wire(replicas[0])] if len(replicas) == 1 else [descriptor_from_wire(r) for r in replicas]
+    return tuple_of(ReplicaList, (key, size, described, float(lease_ttl), checksum, promote))
 
 
 # -- batch answers -------------------------------------------------------------------------------

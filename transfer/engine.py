@@ -285,12 +285,14 @@ class TransferEngine(BatchMixin):
         registered memory. The registry is searched once per buffer, not once per range: the
         ranges of a batch mostly lie in one or two buffers."""
         views: list[memoryview | None] = []
-        buffer: RegisteredBuffer | None = None
+        # The current buffer's bounds, view and kind in locals, not looked up per range; no
+        # range lies in [1, 0], so the first one looks its buffer up.
+        low, high, view, host = 1, 0, None, True
         for address, length in zip(addresses, lengths):
-            if buffer is None or not buffer.address <= address <= buffer.end - length:
+            if not low <= address <= high - length:
                 buffer = self.memory.find(address, length)
-            start = address - buffer.address
-            views.append(None if buffer.device is not None else buffer.view[start:start + length])
+                low, high, view, host = buffer.address, buffer.end, buffer.view, buffer.device is None
+            views.append(view[address - low:address - low + length] if host else None)
         return views
 
     def copy_to_device(self, address: int, length: int) -> None:
