@@ -237,12 +237,15 @@ SETTINGS: tuple[Setting, ...] = (
        "without bound.", minimum=1024),
     _s("rpc", "rpc_handler_threads", "int", 8,
        "Threads a daemon uses for requests that may block.", minimum=1),
-    _s("rpc", "rpc_busy_poll", "duration", 200e-6,
+    _s("rpc", "rpc_busy_poll", "duration", 500e-6,
        "On a same-host unix:// control socket, how long a daemon that just answered, or a store "
        "client awaiting the master's reply, polls without sleeping before it blocks: waking "
-       "from sleep costs tens of µs per round trip on an idle host. Only while a core is free "
-       "(runnable threads in /proc/loadavg at most the cores): on a busy host the spin would hold "
-       "the core the peer needs, so it blocks at once. 0 never spins."),
+       "from sleep costs tens of µs per round trip on an idle host, hundreds on a VM whose idle "
+       "vCPU the host must wake. Long enough to span a store client's work between two batch "
+       "calls (~200-400 µs for 32 small objects), so the master is still polling when the next "
+       "one comes. Only while a core is free (runnable threads in /proc/loadavg at most the "
+       "cores): on a busy host the spin would hold the core the peer needs, so it blocks at "
+       "once. 0 never spins."),
     # topology
     _s("topology", "topology", "path", "",
        "Topology matrix file to load instead of discovering the local one."),
