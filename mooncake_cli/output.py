@@ -47,6 +47,8 @@ stdout = _Console(soft_wrap=True, width=None if sys.stdout.isatty() or "COLUMNS"
 stderr = _Console(stderr=True, soft_wrap=True)
 
 JSON_HELP = "Print the result as JSON (stable schema) instead of a table."
+LOAD_HELP = ("CPU-bound processes to run beside the measurement, from start to end: the figures of a host "
+             "another program keeps busy.")
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from mooncake_cli.commands import bench_failover, bench_prefill, bench_sched, bench_serve, bench_store, bench_transfer
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit
+from mooncake_cli.output import JSON_HELP, LOAD_HELP, emit
 
 app = typer.Typer(help="Measure speed against this machine's own limits.", no_args_is_help=True)
 
@@ -20,8 +20,7 @@ OUTSTANDING = (1, 8, 64)
 @settings_options("rpc")
 def rpc(
     requests: int = typer.Option(20000, min=100, help="Requests per throughput run."),
-    load: int = typer.Option(0, min=0, help="CPU-bound processes to run beside the measurement, "
-                             "from start to end: the figures of a host another program keeps busy."),
+    load: int = typer.Option(0, min=0, help=LOAD_HELP),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from mooncake_cli.options import Config, settings_options
-from mooncake_cli.output import JSON_HELP, emit, fail_on, stderr
+from mooncake_cli.output import JSON_HELP, LOAD_HELP, emit, fail_on, stderr
 from transfer.errors import MooncakeError
 from transfer.settings import SIZE_UNITS_HELP, parse_size
 
@@ -25,6 +25,7 @@ def store(
     use_running: bool = typer.Option(False, "--use-running", help="Benchmark the cluster in "
                                      "--workdir instead of starting (and stopping) a fresh one "
                                      "(implied by --master)."),
+    load: int = typer.Option(0, min=0, help=LOAD_HELP),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
     *,
     config: Config,
@@ -42,10 +43,15 @@ def store(
     segment was committed is counted as the store's speed. The gets cycle over the keys the
     puts wrote: within half a lease_ttl of its last get a key is read again through the lease
     that get was granted, without asking the master: from its second read in the single cells,
-    from its third in the batch ones (--no-reuse-read-leases: every get asks)."""
+    from its third in the batch ones (--no-reuse-read-leases: every get asks).
+
+    --load N runs N busy loops beside the cells (not beside the cluster's start): the figures of a
+    host another program keeps busy, where a thread that polls holds a core its peer needs; each
+    row of the JSON says how many ran."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
+    from transfer.rpc.bench import CpuLoad
 
     try:
         values = [parse_size(s) for s in sizes.split(",")]
@@ -61,18 +67,20 @@ def store(
             supervisor.up(config)
         paths = ClusterPaths.of(config.workdir)
         try:
-            cells = _run(config, values, batch, duration, limit)
+            with CpuLoad(load):
+                cells = _run(config, values, batch, duration, limit)
         except MooncakeError as exc:
             fail_on(exc)
         finally:
             if not use_running:
                 supervisor.down(paths, config.stop_grace)
-    rows = [c.as_dict() for c in cells]
+    rows = [{**c.as_dict(), "load": load} for c in cells]
 
     def render(data: list[dict]) -> Table:
         table = Table("segment", "op", "mode", "size", "GB/s", "ops/s", "p50 µs", "p99 µs", "held lease",
                       title="mooncake bench store (p50/p99 per call: one object, or one batch; held lease: "
-                            "share of the gets read without asking the master)")
+                            "share of the gets read without asking the master)"
+                            + (f", busy loops beside it: {load}" if load else ""))
         for r in data:
             table.add_row(r["topology"], r["op"], f"{r['mode']}×{r['batch']}" if r["mode"] == "batch" else r["mode"],
                           _size(r["size"]), f"{r['gbps']:.2f}", f"{r['ops_per_s']:,.0f}",

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+
 from store.bench import run_size
 from store_cluster import FAST, client_for
+from tests.conftest import REPO
 
 
 class Recording:
@@ -63,3 +71,35 @@ def test_get_cells_say_how_many_gets_read_through_a_held_lease(mooncake):
                 assert 0 < batch.lease_reuses <= batch.ops - 32
             else:
                 assert all(c.lease_reuses == 0 for c in gets)
+
+
+def _busy_loops() -> list[psutil.Process]:
+    """The CpuLoad processes (transfer.rpc.bench) on this machine."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if len(cmdline) > 2 and cmdline[1] == "-c" and "os.getppid() == parent" in cmdline[2]:
+            found.append(process)
+    return found
+
+
+def test_bench_store_load_runs_busy_loops_beside_its_cells_and_stops_them(mooncake):
+    """`--load N`: N CPU-bound processes run while the cells do (the figure of a busy host), each
+    row says how many, and none is left once the command ends."""
+    before = {p.pid for p in _busy_loops()}
+    command = subprocess.Popen([sys.executable, "-m", "mooncake_cli", "bench", "store", "--sizes", "4KiB",
+                                "--duration", "0.3", "--budget", "256KiB", "--load", "1", "--json"],
+                               cwd=REPO, env=mooncake.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = set()
+    try:
+        while command.poll() is None:
+            seen |= {p.pid for p in _busy_loops()} - before
+            time.sleep(0.05)
+        out, err = command.communicate(timeout=60)
+    finally:
+        command.kill()
+    assert command.returncode == 0, err.decode()
+    rows = json.loads(out)
+    assert rows and all(row["load"] == 1 for row in rows)
+    assert len(seen) == 1  # one busy loop, seen while the cells ran
+    assert not {p.pid for p in _busy_loops()} - before  # and gone with the command
