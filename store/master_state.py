@@ -277,8 +277,9 @@ class MasterState(Membership, Tiering, Replication, Draining, Reservations):
     def _lease(self, obj: ObjectMeta, now: float) -> ReplicaList:
         """get_replica_list of complete ``obj``: its lease, its use, its replicas."""
         key, lease_ttl = obj.key, self.policy.lease_ttl
-        if obj.lease_deadline < now + lease_ttl:
-            obj.lease_deadline = now + lease_ttl
+        deadline = now + lease_ttl
+        if obj.lease_deadline < deadline:
+            obj.lease_deadline = deadline
         obj.last_access = now
         lru = self.lru
         if key in lru:
