@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -78,3 +80,49 @@ def test_a_committed_region_that_cannot_fit_is_refused_before_any_page_is_taken(
         SharedRegion("mooncake-te-1-big-3", MiB, create=True, commit=True)
     assert allocations == []
     assert os.listdir(small_shm) == ["other"]
+
+
+def _peer_file(name: str, size: int, allocated: bool) -> str:
+    """A region file as its owner leaves it, committed (every page allocated) or sparse."""
+    path = os.path.join(region_module.SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        if allocated:
+            os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
+    return path
+
+
+def test_an_attached_committed_region_is_mapped_before_it_is_touched_and_a_sparse_one_is_not():
+    """A peer's first write into each page of an attached region would otherwise pay a page
+    fault (four times the copy); populating a sparse region would take memory its owner did not."""
+    committed = _peer_file(SharedRegion.owned_name("populate", 0), 8 * MiB, allocated=True)
+    sparse = _peer_file(SharedRegion.owned_name("populate", 1), 8 * MiB, allocated=False)
+    regions = [SharedRegion(os.path.basename(path), 8 * MiB, create=False) for path in (committed, sparse)]
+    try:
+        deadline = time.monotonic() + 10
+        while _resident_kib(committed) < 8 * MiB // 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _resident_kib(committed) == 8 * MiB // 1024
+        assert _resident_kib(sparse) == 0
+        assert os.stat(sparse).st_blocks == 0
+    finally:
+        for region, path in zip(regions, (committed, sparse)):
+            region.close()
+            os.unlink(path)
+
+
+def test_closing_an_attached_region_stops_its_population_first():
+    path = _peer_file(SharedRegion.owned_name("populate", 2), 512 * MiB, allocated=True)
+    try:
+        region = SharedRegion(os.path.basename(path), 512 * MiB, create=False)
+        populating = [t for t in threading.enumerate() if t.name == f"populate-{region.name}"]
+        assert populating  # still at work: 512 MiB take tens of milliseconds
+        region.close()
+        assert not populating[0].is_alive()
+        with open("/proc/self/maps") as maps:
+            assert path not in maps.read()  # unmapped only once the thread had stopped
+    finally:
+        os.unlink(path)
