@@ -56,6 +56,13 @@ class CoreHeadroom:
         self._free = self._sample()
         return self._free
 
+    def free_now(self) -> bool:
+        """:meth:`free` from a sample taken now: for a spin already under way, which must stop
+        as soon as a thread it would keep from a core has woken."""
+        self._next_sample = time.perf_counter() + self.interval
+        self._free = self._sample()
+        return self._free
+
     def peer_polls(self, seconds: float) -> None:
         """A same-host daemon just answered this process and polls for its next request for
         up to ``seconds`` (rpc_busy_poll): its core stays taken meanwhile."""

@@ -3,6 +3,7 @@ servers, socket files. What it shares with TCP and ipc:// is in test_rpc_ipc.py.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import subprocess
@@ -323,4 +324,35 @@ def test_a_reply_over_a_polling_stream_tells_this_process_the_daemon_polls(tmp_p
         assert not spin.HEADROOM.free_for_a_third()
     finally:
         spin.HEADROOM.peer_polls(0.0)
+        server.stop(drain_timeout=1)
+
+
+def _thread_cpu_ticks(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+
+
+def test_a_daemon_stops_polling_for_the_next_request_once_a_woken_thread_needs_its_core(tmp_path, monkeypatch):
+    """The spin after a reply starts while a core is free; a thread woken meanwhile (a TCP
+    transfer's target, woken by the client that just had its answer) ends it within
+    SPIN_RECHECK_INTERVAL instead of waiting for the whole busy_poll."""
+    from transfer.rpc import spin
+
+    rechecks = []
+    monkeypatch.setattr(spin.HEADROOM, "free", lambda: True)
+    monkeypatch.setattr(spin.HEADROOM, "free_now", lambda: rechecks.append(1) and False)
+    server = RpcServer("tcp://127.0.0.1:*", busy_poll=30.0)
+    stream = server.bind(f"unix://{tmp_path / 'yield.sock'}")
+    server.register("echo", lambda r: Reply(r.args))
+    server.start()
+    try:
+        with RpcClient(stream, timeout=5) as client:
+            client.call("echo", {})
+            before = _thread_cpu_ticks(server._thread.native_id)
+            time.sleep(1.0)  # a 30 s spin would burn this whole second
+            burnt = _thread_cpu_ticks(server._thread.native_id) - before
+        assert rechecks
+        assert burnt < os.sysconf("SC_CLK_TCK") // 4
+    finally:
         server.stop(drain_timeout=1)

@@ -33,6 +33,15 @@ def test_one_sample_serves_until_the_interval_ends(tmp_path):
     assert not CoreHeadroom(path, interval=0).free()
 
 
+def test_a_spin_under_way_samples_now_and_its_sample_serves_the_next_decisions(tmp_path):
+    path = loadavg_file(tmp_path, 1)
+    gauge = CoreHeadroom(path, interval=3600)
+    assert gauge.free()
+    loadavg_file(tmp_path, 10_000)
+    assert not gauge.free_now()
+    assert not gauge.free()
+
+
 def test_without_the_kernels_count_every_spin_is_allowed(tmp_path):
     assert CoreHeadroom(str(tmp_path / "absent"), interval=0).free()
     garbled = tmp_path / "garbled"
