@@ -45,9 +45,9 @@ def store(
     that get was granted, without asking the master: from its second read in the single cells,
     from its third in the batch ones (--no-reuse-read-leases: every get asks).
 
-    --load N runs N busy loops beside the cells (not beside the cluster's start): the figures of a
-    host another program keeps busy, where a thread that polls holds a core its peer needs; each
-    row of the JSON says how many ran."""
+    With --load N, N busy loops run beside the cells (not beside the cluster's start): the
+    figures of a host another program keeps busy, where a thread that polls holds a core its
+    peer needs; each row of the JSON says how many ran."""
     # Imported here, not at the top: every `mooncake` call imports this module to build its parser.
     from daemons import supervisor
     from daemons.cluster.workdir import ClusterPaths
