@@ -76,7 +76,12 @@ log = logging.getLogger(__name__)
 FAREWELL_TIMEOUT_S = 1.0
 # How often a daemon polling for a client's next request asks whether a core is still free
 # (spin.CoreHeadroom.free_now, 2.5 us a sample): a twentieth of the spin's time at most.
+# A spin stops once SPIN_CROWDED_SAMPLES in a row found every core taken: 150 us, a fraction of a
+# 1 MiB transfer over TCP, which keeps two threads running throughout. Against one sample or
+# two, three kept small puts' p50 (149-175 vs 173-189 us) and a 1 MiB TCP put's (678-798 vs
+# 783-826 us; /tmp/mb/abspin2.sh, three rounds).
 SPIN_RECHECK_INTERVAL = 50e-6
+SPIN_CROWDED_SAMPLES = 3
 
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -216,6 +221,7 @@ class RpcServer:
         sock, wake = self._socket, self._wake_read
         items: list = []
         spin_until = recheck_at = 0.0
+        crowded = 0  # samples in a row that found more runnable threads than cores
         while not self._stopping.is_set():
             if self._poll_items_stale:
                 # zmq_poll on a list rebuilt only when connections come and go: Poller.poll and
@@ -234,9 +240,13 @@ class RpcServer:
                 # A thread woken since the spin began (a TCP transfer's target, woken by the
                 # client that just had its answer) would wait for the core this spin holds:
                 # a 1 MiB put over TCP moved in 363-387 us without the master's spin and
-                # 472-543 with it (/tmp/mb/put1m.py).
+                # 472-543 with it (/tmp/mb/put1m.py). Seen in SPIN_CROWDED_SAMPLES in a row,
+                # not one: on one alone, threads that run briefly (timers, pings) ended about a
+                # tenth of the spins before small puts' next requests, each of which then paid
+                # ~100 us waking the master (/tmp/mb/abspin.sh).
                 recheck_at = now + SPIN_RECHECK_INTERVAL
-                if not spin.HEADROOM.free_now():
+                crowded = 0 if spin.HEADROOM.free_now() else crowded + 1
+                if crowded >= SPIN_CROWDED_SAMPLES:
                     spin_until = 0.0
             # One ZeroMQ message per poll: a poll that finds something ready returns at once and
             # costs no more than the EVENTS check a drain loop would make, and a finished
@@ -255,7 +265,7 @@ class RpcServer:
                 else:
                     self._stream_ready(item, events)
                     if self._busy_poll and spin.HEADROOM.free():
-                        spin_until = time.perf_counter() + self._busy_poll
+                        spin_until, crowded = time.perf_counter() + self._busy_poll, 0
         self._send_finished_replies()
 
     def _poll_items(self) -> list:
