@@ -244,9 +244,10 @@ SETTINGS: tuple[Setting, ...] = (
        "vCPU the host must wake. Long enough to span a store client's work between two batch "
        "calls (~200-400 µs for 32 small objects), so the master is still polling when the next "
        "one comes. Only while a core is free (runnable threads in /proc/loadavg at most the "
-       "cores, checked again every 50 µs of a daemon's poll, which ends after three crowded checks in a row): on a busy host the spin would "
-       "hold the core the peer needs, so it blocks at once, or as soon as a thread woken "
-       "meanwhile (a TCP transfer's target) needs it. 0 never spins."),
+       "cores): on a busy host the spin would hold the core the peer needs, so it blocks at "
+       "once, and a daemon's poll ends once a thread woken meanwhile (a TCP transfer's target) "
+       "needs the core: three checks 50 µs apart in a row found too many runnable. 0 never "
+       "spins."),
     # topology
     _s("topology", "topology", "path", "",
        "Topology matrix file to load instead of discovering the local one."),
