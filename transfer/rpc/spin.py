@@ -11,7 +11,8 @@ The kernel's count of runnable threads right now, the fourth field of /proc/load
 two apart. Read just after a request or reply went out, it counts the caller and the peer it has
 woken: at most one per core means each has a core and a spin costs nobody anything. The read
 costs a few µs against a round trip of about 20, so one sample serves every decision within
-SAMPLE_INTERVAL; a program that starts or stops beside us is seen that much later.
+SAMPLE_INTERVAL; a program that starts beside us is seen CROWDED_SAMPLES intervals later, one
+that stops, one interval later.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 
 SAMPLE_INTERVAL = 5e-3
+CROWDED_SAMPLES = 2
 LOADAVG = "/proc/loadavg"
 
 
@@ -42,26 +44,28 @@ class CoreHeadroom:
         self._opened = False
         self._open_lock = threading.Lock()
         self._cores = usable_cores()
-        self._free = True
+        self._crowded = 0  # samples in a row that found more runnable threads than cores
         self._next_sample = 0.0
         self._peer_polls_until = 0.0
 
     def free(self) -> bool:
-        """True when the runnable threads, the caller among them, do not outnumber the cores."""
+        """True unless the runnable threads, the caller among them, outnumbered the cores in
+        the last CROWDED_SAMPLES samples. One sample alone says little: threads that run for
+        microseconds (timers, pings, kernel workers) made a tenth of them crowded during a
+        loop of small puts, and each refused the spins of a whole interval, whose requests then
+        woke a sleeping master (~100 us each in send(); /tmp/mb/ctx.py). A program busy beside
+        the cluster crowds every sample."""
         now = time.perf_counter()
-        if now < self._next_sample:
-            return self._free
-        # Threads racing here each take a sample; the last one written wins, which is as fresh.
-        self._next_sample = now + self.interval
-        self._free = self._sample()
-        return self._free
+        if now >= self._next_sample:
+            # Threads racing here each take a sample; the counts they write are as fresh.
+            self._next_sample = now + self.interval
+            self._crowded = 0 if self._sample() else self._crowded + 1
+        return self._crowded < CROWDED_SAMPLES
 
     def free_now(self) -> bool:
-        """:meth:`free` from a sample taken now: for a spin already under way, which must stop
-        as soon as a thread it would keep from a core has woken."""
-        self._next_sample = time.perf_counter() + self.interval
-        self._free = self._sample()
-        return self._free
+        """One sample taken now, for a spin already under way that must stop once a thread it
+        would keep from a core has woken (the caller counts how many in a row said so)."""
+        return self._sample()
 
     def peer_polls(self, seconds: float) -> None:
         """A same-host daemon just answered this process and polls for its next request for
