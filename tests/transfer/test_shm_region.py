@@ -114,7 +114,20 @@ def test_an_attached_committed_region_is_mapped_before_it_is_touched_and_a_spars
             os.unlink(path)
 
 
-def test_closing_an_attached_region_stops_its_population_first():
+def test_a_region_closed_before_the_delay_is_never_mapped_ahead():
+    """A command that reads one object and exits pays nothing for the population."""
+    path = _peer_file(SharedRegion.owned_name("populate", 3), 8 * MiB, allocated=True)
+    try:
+        region = SharedRegion(os.path.basename(path), 8 * MiB, create=False)
+        assert _resident_kib(path) == 0
+        region.close()
+        assert not [t for t in threading.enumerate() if t.name == f"populate-{region.name}"]
+    finally:
+        os.unlink(path)
+
+
+def test_closing_an_attached_region_stops_its_population_first(monkeypatch):
+    monkeypatch.setattr(region_module, "POPULATE_DELAY", 0.0)
     path = _peer_file(SharedRegion.owned_name("populate", 2), 512 * MiB, allocated=True)
     try:
         region = SharedRegion(os.path.basename(path), 512 * MiB, create=False)
