@@ -77,7 +77,7 @@ class SharedRegion:
             self._populate_in_background()
 
     def _populate_in_background(self) -> None:
-        """Map an attached region's pages into this process while it starts using them.
+        """Map an attached region's pages into this process, from POPULATE_DELAY after the attach.
 
         Only for a region whose owner committed its memory (every page of the file allocated):
         populating a sparse one would take memory its owner chose not to take. The first write
