@@ -267,7 +267,7 @@ class StoreClient:
         try:
             outcomes, grant = self.master.batch_put_commit(
                 held.grant.reservation_id, [keys[i] for i in done], [offsets[i] for i in done],
-                [sizes[i] for i in done], [checksums[i] for i in done], config, consumed=length,
+                [sizes[i] for i in done], [checksums[i] for i in done], consumed=length,
                 reserve=reserve, release=stale)
         except ObjectNotFound:
             return None  # expired, or its segment left: nothing was published

@@ -95,15 +95,16 @@ class MasterClient:
                                             config=config_to_wire(config), release=list(release)))
 
     def batch_put_commit(self, reservation_id: int, keys: list[str], offsets: list[int], sizes: list[int],
-                         checksums: list[int | None], config: ReplicateConfig, consumed: int | None = None,
+                         checksums: list[int | None], consumed: int | None = None,
                          reserve: int = 0, release: list[int] = ()) -> tuple[list, SpaceGrant | None]:
         """Publish objects written into a reservation: per key None or its error, and the next
         reservation when ``reserve`` > 0 and the master grants one. With ``consumed`` (and no
         ``reserve``) the reservation from that offset on stays this client's, starting there.
         ObjectNotFound when the reservation is gone. ``release``: other reservations of this
-        client it will not use. One call whatever the batch's length."""
+        client it will not use. One call whatever the batch's length. The objects (and the next
+        reservation) get the config the reservation was granted with."""
         answer = self._scoped("batch_put_commit", client_id=self.client_id, reservation=reservation_id, keys=keys,
-                              offsets=offsets, sizes=sizes, checksums=checksums, config=config_to_wire(config),
+                              offsets=offsets, sizes=sizes, checksums=checksums,
                               consumed=consumed, reserve=reserve, release=list(release))
         if not isinstance(answer, dict) or not isinstance(answer.get("results"), list):
             raise InvalidParams(f"batch_put_commit: malformed answer {answer!r:.200}")

@@ -13,7 +13,7 @@ carry the master's scoped keys as the journal handed them out.
     store.batch_put_revoke                  {client_id, keys}                -> [item]
     store.reserve_space                     {client_id, length, config, release?: [id]} -> grant | nil
     store.batch_put_commit                  {client_id, reservation, keys, offsets, sizes, checksums?,
-                                             config, consumed?, reserve?, release?}
+                                             config? (the grant's), consumed?, reserve?, release?}
                                             -> {results: [item], reservation: grant | nil}
     store.get_replica_list                  {key}                            -> replica list
     store.batch_get_replica_list            {keys}                           -> [item]
@@ -287,7 +287,7 @@ class StoreService:
         results, grant = self.state.batch_put_commit(
             str_arg(args, "client_id"), int_arg(args, "reservation"), keys, int_list_arg(args, "offsets"),
             int_list_arg(args, "sizes"), [None] * len(keys) if checksums is None else checksums, now,
-            config_from_wire(args.get("config", {})),
+            config_from_wire(args["config"]) if "config" in args else None,
             int_arg(args, "consumed") if args.get("consumed") is not None else None, int_arg(args, "reserve", 0),
             int_list_arg(args, "release") if "release" in args else [])
         return {"results": batch_to_wire(results), "reservation": grant_to_wire(grant)}

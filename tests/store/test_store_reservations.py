@@ -154,6 +154,19 @@ def test_pins_come_from_the_commits_config():
     assert m.objects["p"].hard_pinned
 
 
+def test_a_commit_naming_no_config_puts_and_grants_again_with_the_grants():
+    """What a client sends: it commits with the config it asked the grant for."""
+    m = mounted(2, size=64 * KIB)
+    pinned = ReplicateConfig(hard_pin=True, preferred_segments=("s1",))
+    grant = m.reserve_space("c1", KIB, 1.0, pinned)
+    _, following = m.batch_put_commit("c1", grant.reservation_id, ["p"], [0], [64], [1], 1.0, None, reserve=KIB)
+    assert m.objects["p"].hard_pinned
+    assert following is not None and following.replica.segment_id == "s1"
+    m.batch_put_commit("c1", following.reservation_id, ["q"], [0], [64], [1], 1.1, None)
+    assert m.objects["q"].hard_pinned and m.objects["q"].replicas[0].segment_id == "s1"
+    check(m)
+
+
 @pytest.mark.parametrize("lose", ["expiry", "release", "unmount", "drain", "client_expiry", "other_client", "quota"])
 def test_a_commit_into_a_lost_reservation_fails_whole_and_leaves_no_range_behind(lose):
     m = mounted(2, size=64 * KIB, put_start_discard_timeout=30.0, client_ttl=10.0)
