@@ -25,6 +25,10 @@ from transfer.gpu.device_memory import view_address
 SHM_DIR = "/dev/shm"
 PREFIX = "mooncake-te-"
 _MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module has no constant for it
+# Resolved once: a peer's population calls it once per step, 256 times per GiB.
+_madvise = ctypes.CDLL(None, use_errno=True).madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_madvise.restype = ctypes.c_int
 # A peer maps an attached region this much at a time (0.5-0.6 ms each): closing the region waits
 # for one step at most, and so does any mmap() of the process's other threads, which needs the
 # address-space lock a step holds. Steps of 4 MiB or 32 MiB populate a GiB equally fast
@@ -175,9 +179,7 @@ def _map_every_page(region: mmap.mmap, size: int) -> None:
 
 
 def _map_pages(address: int, size: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(address, size, _MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
+    if _madvise(address, size, _MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
         raise OSError(ctypes.get_errno(), f"madvise(MADV_POPULATE_WRITE) of {size:,} bytes failed")
 
 
